@@ -1,0 +1,254 @@
+"""Shard store: hidden states on disk.
+
+One extraction shard is one safetensors file plus a JSON manifest beside it. The file is laid out up front (the
+token count of a shard is known before extraction starts), so batches land in place as they finish, in any order,
+from a writer thread: memory stays flat and disk writes overlap GPU work. The file is written under a temporary
+name and renamed when complete, so a killed job never leaves a file that looks finished.
+
+Tensors in a shard file:
+  hidden        [T, taps*H]  bf16, or float8 e4m3 with `hidden_scale` [T] fp32 (one scale per row)
+  input_ids     [T]          int32
+  loss_mask     [T]          uint8 (1 = assistant token, trained on)
+  offsets       [n+1]        int64 (sample i is rows offsets[i]:offsets[i+1])
+
+A merged dataset is a manifest that indexes shard files; training reads them memory-mapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FP8_MAX = 448.0  # largest finite float8 e4m3fn value
+STORAGE_DTYPES = ("bf16", "fp8")
+
+_ST_DTYPE = {
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float32: "F32",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.uint8: "U8",
+}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row float8 e4m3: rows keep their own scale, so one outlier token does not flatten the others."""
+    amax = x.float().abs().amax(dim=-1).clamp_min(1e-12)
+    scale = amax / FP8_MAX
+    q = (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale.float()
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return (q.float() * scale.float()[:, None]).to(dtype)
+
+
+def tmp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".partial")
+
+
+class ShardWriter:
+    """Writes one shard file in place: header first, then samples at their final offsets (any order)."""
+
+    def __init__(self, path: str | Path, lengths: list[int], width: int, storage: str = "bf16"):
+        if storage not in STORAGE_DTYPES:
+            raise ValueError(f"storage must be one of {STORAGE_DTYPES}, got {storage!r}")
+        self.path = Path(path)
+        self.lengths = [int(n) for n in lengths]
+        self.width = int(width)
+        self.storage = storage
+        self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=self.offsets[1:])
+        total = int(self.offsets[-1])
+        hidden_dtype = torch.float8_e4m3fn if storage == "fp8" else torch.bfloat16
+        specs: list[tuple[str, torch.dtype, list[int]]] = [("hidden", hidden_dtype, [total, self.width])]
+        if storage == "fp8":
+            specs.append(("hidden_scale", torch.float32, [total]))
+        specs += [
+            ("input_ids", torch.int32, [total]),
+            ("loss_mask", torch.uint8, [total]),
+            ("offsets", torch.int64, [len(self.lengths) + 1]),
+        ]
+        header: dict[str, object] = {}
+        self._where: dict[str, tuple[int, torch.dtype, int]] = {}  # name -> (start, dtype, row bytes)
+        pos = 0
+        for name, dtype, shape in specs:
+            nbytes = int(np.prod(shape)) * _itemsize(dtype)
+            header[name] = {"dtype": _ST_DTYPE[dtype], "shape": shape, "data_offsets": [pos, pos + nbytes]}
+            row = _itemsize(dtype) * (shape[1] if len(shape) == 2 else 1)
+            self._where[name] = (pos, dtype, row)
+            pos = pos + nbytes
+        header["__metadata__"] = {"format": "draftsmith-shard-v1", "storage": storage}
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8 bytes
+        self._data_start = 8 + len(raw)
+        self._tmp = tmp_path(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.pwrite(self._fd, struct.pack("<Q", len(raw)) + raw, 0)
+        os.ftruncate(self._fd, self._data_start + pos)
+        self._put("offsets", 0, self.offsets.tobytes())
+        self.crc = [0] * len(self.lengths)
+        self.written = [False] * len(self.lengths)
+
+    def _put(self, name: str, row: int, data: bytes) -> None:
+        start, _, row_bytes = self._where[name]
+        os.pwrite(self._fd, data, self._data_start + start + row * row_bytes)
+
+    def write_sample(
+        self,
+        index: int,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        scale: torch.Tensor | None = None,
+    ) -> None:
+        """Store sample `index`; hidden is [t, width] on the CPU (bf16, or fp8 with its per-row scale)."""
+        n = self.lengths[index]
+        if tuple(hidden.shape) != (n, self.width):
+            raise ValueError(f"sample {index}: hidden {tuple(hidden.shape)} != ({n}, {self.width})")
+        row = int(self.offsets[index])
+        hbytes = hidden.contiguous().view(torch.uint8).numpy().tobytes()
+        self._put("hidden", row, hbytes)
+        crc = zlib.crc32(hbytes)
+        if self.storage == "fp8":
+            assert scale is not None, "fp8 storage needs the per-row scales"
+            sbytes = scale.to(torch.float32).contiguous().numpy().tobytes()
+            self._put("hidden_scale", row, sbytes)
+            crc = zlib.crc32(sbytes, crc)
+        self._put("input_ids", row, input_ids.to(torch.int32).numpy().tobytes())
+        self._put("loss_mask", row, loss_mask.to(torch.uint8).numpy().tobytes())
+        self.crc[index] = crc
+        self.written[index] = True
+
+    def close(self) -> str:
+        """Flush, check every sample arrived, rename into place; returns the shard checksum."""
+        missing = [i for i, ok in enumerate(self.written) if not ok]
+        if missing:
+            os.close(self._fd)
+            raise RuntimeError(f"{self.path}: {len(missing)} samples never written (first: {missing[:5]})")
+        os.fsync(self._fd)
+        os.close(self._fd)
+        os.replace(self._tmp, self.path)
+        return combine_crcs(self.crc)
+
+    def abort(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        self._tmp.unlink(missing_ok=True)
+
+
+def combine_crcs(crcs: list[int]) -> str:
+    return hashlib.sha256(np.asarray(crcs, dtype=np.uint32).tobytes()).hexdigest()
+
+
+def write_json(path: str | Path, obj: object) -> None:
+    """JSON written to a temporary name and renamed, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(path)
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+@dataclass
+class Sample:
+    hidden: torch.Tensor  # [t, taps*H]
+    input_ids: torch.Tensor  # [t] int64
+    loss_mask: torch.Tensor  # [t] bool
+
+
+class ShardReader:
+    """Memory-mapped view of one shard file: samples are read on demand, never the whole file."""
+
+    def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        self._f = safe_open(str(self.path), framework="pt")
+        meta = self._f.metadata() or {}
+        self.storage = meta.get("storage", "bf16")
+        self.offsets = self._f.get_tensor("offsets").numpy()
+        self.lengths = np.diff(self.offsets)
+        self.width = int(self._f.get_slice("hidden").get_shape()[1])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def raw(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        hidden = self._f.get_slice("hidden")[a:b]
+        scale = self._f.get_slice("hidden_scale")[a:b] if self.storage == "fp8" else None
+        return hidden, scale
+
+    def hidden(self, i: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        h, scale = self.raw(i)
+        return dequantize_fp8(h, scale, dtype) if scale is not None else h.to(dtype)
+
+    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        ids = self._f.get_slice("input_ids")[a:b].long()
+        mask = self._f.get_slice("loss_mask")[a:b].bool()
+        return ids, mask
+
+    def sample(self, i: int, dtype: torch.dtype = torch.bfloat16) -> Sample:
+        ids, mask = self.tokens(i)
+        return Sample(self.hidden(i, dtype), ids, mask)
+
+    def crc(self, i: int) -> int:
+        h, scale = self.raw(i)
+        crc = zlib.crc32(h.contiguous().view(torch.uint8).numpy().tobytes())
+        if scale is not None:
+            crc = zlib.crc32(scale.float().contiguous().numpy().tobytes(), crc)
+        return crc
+
+
+class MergedDataset:
+    """All shards of a merged manifest as one indexable dataset (global sample index -> shard, local index)."""
+
+    def __init__(self, manifest_path: str | Path):
+        self.manifest_path = Path(manifest_path)
+        self.manifest = read_json(self.manifest_path)
+        root = self.manifest_path.parent
+        self.shard_paths = [(root / s["path"]).resolve() for s in self.manifest["shards"]]
+        self._readers: dict[int, ShardReader] = {}
+        counts = [s["num_samples"] for s in self.manifest["shards"]]
+        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.lengths = np.concatenate(
+            [np.asarray(s["sample_tokens"], dtype=np.int64) for s in self.manifest["shards"]]
+        ) if counts else np.zeros(0, dtype=np.int64)
+        self.taps: list[int] = self.manifest["taps"]
+        self.hidden_size: int = self.manifest["hidden_size"]
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _locate(self, i: int) -> tuple[ShardReader, int]:
+        s = int(np.searchsorted(self._starts, i, side="right") - 1)
+        if s not in self._readers:  # opened lazily: a DataLoader worker opens only what it touches
+            self._readers[s] = ShardReader(self.shard_paths[s])
+        return self._readers[s], i - int(self._starts[s])
+
+    def __getitem__(self, i: int) -> Sample:
+        reader, j = self._locate(int(i))
+        return reader.sample(j)
