@@ -1,0 +1,18 @@
+# draftsmith: a Hugging Face causal LM in, a trained DFlash drafter and its acceptance benchmark out.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/demo.smk"
+include: "workflow/rules/extract.smk"
+
+
+rule all:
+    input:
+        rules.merge.output.manifest,
+    default_target: True

@@ -1,0 +1,142 @@
+"""Validation of extraction shards, and the merge that indexes them.
+
+Every shard is checked on its own (shapes, dtypes, finite values, no all-zero rows, ids and mask equal to the
+prepared shard, checksum), and a few random samples are recomputed alone (batch 1, no padding) through a different
+code path (`output_hidden_states`, no hooks) and compared within a tolerance. A serving engine that silently wrote
+zeros, a hook on the wrong layer or a padding bug all fail here, before a drafter is trained on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import store
+from .taps import reference_taps
+
+log = logging.getLogger(__name__)
+
+
+class ShardInvalid(RuntimeError):
+    pass
+
+
+def default_tolerance(compute_dtype: torch.dtype, storage: str) -> float:
+    """Relative error (per sample, Frobenius) allowed between stored and recomputed states."""
+    tol = 1e-3 if compute_dtype == torch.float32 else 3e-2  # bf16 kernels differ between batch shapes
+    tol += 1e-2 if storage == "bf16" else 8e-2  # storage rounding (fp8 e4m3 keeps 3 mantissa bits)
+    return tol
+
+
+def structural_checks(reader: store.ShardReader, manifest: dict, prepared: pd.DataFrame) -> list[str]:
+    failures: list[str] = []
+    n = len(prepared)
+    if len(reader) != n:
+        return [f"sample count {len(reader)} != prepared shard {n}"]
+    if manifest.get("sample_ids") != prepared["id"].tolist():
+        failures.append("sample ids differ from the prepared shard")
+    width = len(manifest["taps"]) * manifest["hidden_size"]
+    if reader.width != width:
+        failures.append(f"hidden width {reader.width} != taps x hidden_size = {width}")
+    crcs = []
+    regenerated = manifest.get("regenerated", False)
+    for i in range(n):
+        ids, mask = reader.tokens(i)
+        want = np.asarray(prepared["input_ids"].iloc[i])
+        if regenerated:
+            p = int(prepared["prompt_len"].iloc[i])
+            if not np.array_equal(ids[:p].numpy(), want[:p]):
+                failures.append(f"sample {i} ({prepared['id'].iloc[i]}): prompt ids differ from the prepared shard")
+        else:
+            if not np.array_equal(ids.numpy(), want):
+                failures.append(f"sample {i} ({prepared['id'].iloc[i]}): input ids differ from the prepared shard")
+            if not np.array_equal(mask.numpy().astype(np.uint8), np.asarray(prepared["loss_mask"].iloc[i])):
+                failures.append(f"sample {i} ({prepared['id'].iloc[i]}): loss mask differs from the prepared shard")
+        h = reader.hidden(i, torch.float32)
+        if not torch.isfinite(h).all():
+            failures.append(f"sample {i} ({prepared['id'].iloc[i]}): non-finite hidden states")
+        zero_rows = int((h == 0).all(dim=-1).sum())
+        if zero_rows:
+            failures.append(f"sample {i} ({prepared['id'].iloc[i]}): {zero_rows} all-zero hidden rows")
+        crcs.append(reader.crc(i))
+        if len(failures) > 20:
+            break
+    if not failures and store.combine_crcs(crcs) != manifest.get("checksum"):
+        failures.append("checksum mismatch: the shard file changed after it was written")
+    return failures
+
+
+@torch.inference_mode()
+def recompute_checks(model, reader: store.ShardReader, manifest: dict, k: int, tol: float, seed: int) -> tuple[list[str], list[dict]]:
+    device = next(model.parameters()).device
+    rng = np.random.default_rng(seed)
+    picks = sorted(rng.choice(len(reader), size=min(k, len(reader)), replace=False).tolist())
+    failures, rows = [], []
+    for i in picks:
+        sample = reader.sample(i, torch.float32)
+        ref = reference_taps(model, sample.input_ids[None].to(device), manifest["taps"])[0].float().cpu()
+        err = float((sample.hidden - ref).norm() / ref.norm().clamp_min(1e-12))
+        rows.append({"sample": i, "id": manifest["sample_ids"][i], "rel_error": err, "tolerance": tol})
+        if not err <= tol:
+            failures.append(f"sample {i} ({manifest['sample_ids'][i]}): recomputed states differ, relative error "
+                            f"{err:.3g} > tolerance {tol:.3g}")
+    return failures, rows
+
+
+def quarantine(shard_path: Path, manifest_path: Path) -> Path:
+    """Moves a bad shard aside (kept for inspection) so the next run recomputes just that shard."""
+    qdir = shard_path.parent / "quarantine"
+    qdir.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for p in (shard_path, manifest_path):
+        if p.exists():
+            os.replace(p, qdir / f"{p.name}.{stamp}")
+    return qdir
+
+
+def merge(manifest_paths: list[str | Path], out_path: str | Path) -> dict:
+    """One dataset manifest over all shards; refuses shards made with another config, model or tap set."""
+    out_path = Path(out_path)
+    shards = []
+    ref = None
+    keys = ("config_hash", "model", "revision", "taps", "hidden_size", "storage")
+    for mp in manifest_paths:
+        mp = Path(mp)
+        m = store.read_json(mp)
+        if ref is None:
+            ref = m
+        diff = [k for k in keys if m.get(k) != ref.get(k)]
+        if diff:
+            raise ValueError(
+                f"{mp}: made with a different {', '.join(diff)} than {manifest_paths[0]} "
+                f"({', '.join(f'{k}={m.get(k)!r} vs {ref.get(k)!r}' for k in diff)}); delete the stale shards "
+                "and rerun, or restore the config they were made with"
+            )
+        shard_file = mp.parent / m["file"]
+        shards.append({
+            "path": os.path.relpath(shard_file, out_path.parent),
+            "num_samples": m["num_samples"],
+            "num_tokens": m["num_tokens"],
+            "loss_tokens": m["loss_tokens"],
+            "sample_tokens": m["sample_tokens"],
+            "checksum": m["checksum"],
+        })
+    assert ref is not None, "merge needs at least one shard"
+    merged = {k: ref.get(k) for k in keys}
+    merged.update(
+        format="draftsmith-merged-v1",
+        dtype=ref.get("dtype"),
+        num_shards=len(shards),
+        total_samples=sum(s["num_samples"] for s in shards),
+        total_tokens=sum(s["num_tokens"] for s in shards),
+        total_loss_tokens=sum(s["loss_tokens"] for s in shards),
+        shards=shards,
+    )
+    store.write_json(out_path, merged)
+    return merged

@@ -1,0 +1,72 @@
+"""Extract one shard: take devices from the GPU pool, load the target once, (regenerate,) write tap states."""
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from draftsmith import data, extract, gpu_pool, store
+from draftsmith.cli import json_arg, set_threads, setup_logging
+from draftsmith.config import content_hash, resolve_taps
+
+p = argparse.ArgumentParser(description=__doc__)
+p.add_argument("--target", required=True)
+p.add_argument("--shard", required=True, help="prepared shard (parquet)")
+p.add_argument("--probe", required=True)
+p.add_argument("--target-json", required=True)
+p.add_argument("--data-json", required=True)
+p.add_argument("--taps-json", required=True)
+p.add_argument("--extract-json", required=True)
+p.add_argument("--budget-div", type=int, default=1, help="Snakemake's retry halves the token budget")
+p.add_argument("--threads", type=int, default=None)
+p.add_argument("--out", required=True, help="shard .safetensors")
+p.add_argument("--manifest", required=True, help="shard manifest .json")
+args = p.parse_args()
+setup_logging()
+set_threads(args.threads)
+tcfg, dcfg, tapcfg, ecfg = (json_arg(x) for x in (args.target_json, args.data_json, args.taps_json, args.extract_json))
+plan = store.read_json(args.probe)
+samples = data.read_samples(args.shard)
+with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
+    model, tok, device = extract.load_target(args.target, devices, tcfg.get("dtype", "auto"), tcfg.get("revision"),
+                                             tcfg.get("trust_remote_code", False))
+    kernels = extract.report_kernels(model)
+    cfg = model.config.get_text_config()
+    taps = resolve_taps(cfg.num_hidden_layers, tapcfg)
+    regen = dcfg.get("regenerate") or {}
+    if regen.get("enabled"):
+        samples = extract.regenerate(model, tok, samples, int(regen["max_new_tokens"]), float(regen["temperature"]),
+                                     int(dcfg["max_length"]), int(regen.get("batch_size", 16)), int(regen.get("seed", 0)))
+    budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))
+    logging.info("shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s", args.shard, len(samples),
+                 int(samples["num_tokens"].sum()), taps, budget, devices or "cpu")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    checksum, stats = extract.extract_samples(model, samples, taps, args.out, budget, ecfg.get("storage", "bf16"), pad)
+logging.info("extracted %d tokens in %.1fs: %.0f tokens/s, padding waste %.1f%%, writer %.1fs, waited on writer %.1fs",
+             stats.tokens, stats.seconds, stats.tokens_per_s, 100 * stats.padding_waste, stats.write_seconds,
+             stats.writer_wait_seconds)
+manifest = {
+    "format": "draftsmith-shard-v1",
+    "file": Path(args.out).name,
+    "shard": Path(args.out).stem,
+    "config_hash": content_hash(tcfg, dcfg, taps, ecfg.get("storage", "bf16")),
+    "model": tcfg["model"],
+    "revision": tcfg.get("revision"),
+    "model_path": str(args.target),
+    "taps": taps,
+    "hidden_size": cfg.hidden_size,
+    "num_layers": cfg.num_hidden_layers,
+    "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    "storage": ecfg.get("storage", "bf16"),
+    "regenerated": bool(regen.get("enabled")),
+    "kernels": kernels,
+    "num_samples": len(samples),
+    "num_tokens": int(samples["num_tokens"].sum()),
+    "loss_tokens": int(sum(int(np.sum(m)) for m in samples["loss_mask"])),
+    "sample_ids": samples["id"].tolist(),
+    "sample_tokens": samples["num_tokens"].astype(int).tolist(),
+    "checksum": checksum,
+    "stats": stats.as_dict(),
+}
+store.write_json(args.manifest, manifest)

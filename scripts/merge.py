@@ -1,0 +1,23 @@
+"""Merge validated shards into one training dataset (a manifest indexing the shard files, no copies)."""
+
+import argparse
+import logging
+
+from draftsmith import store, validate
+from draftsmith.cli import setup_logging
+
+p = argparse.ArgumentParser(description=__doc__)
+p.add_argument("--manifests", nargs="+", required=True)
+p.add_argument("--validations", nargs="+", required=True)
+p.add_argument("--out", required=True)
+args = p.parse_args()
+setup_logging()
+bad = [v for v in args.validations if not store.read_json(v).get("ok")]
+if bad:
+    raise SystemExit(f"merge: shards failed validation: {bad}")
+try:
+    merged = validate.merge(args.manifests, args.out)
+except ValueError as e:
+    raise SystemExit(f"merge: {e}") from None
+logging.info("merged %d shards: %d samples, %d tokens", merged["num_shards"], merged["total_samples"],
+             merged["total_tokens"])

@@ -1,0 +1,76 @@
+import json
+import shlex
+from pathlib import Path
+
+from snakemake.utils import validate
+
+from draftsmith.gpu_pool import visible_gpus
+
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+
+RESULTS = config["results"]
+DEMO = config["target"]["model"] == "demo"
+
+
+wildcard_constraints:
+    shard=r"shard\d{3}",
+
+
+def as_json(section):
+    """A config section as one shell word: scripts read their settings from --x-json arguments."""
+    return shlex.quote(json.dumps(config[section], sort_keys=True))
+
+
+def target_path():
+    """The model scripts load: the built demo directory, a local directory, or a hub id."""
+    if DEMO:
+        return f"{RESULTS}/demo/target"
+    return config["target"]["model"]
+
+
+def target_input(wildcards):
+    """The demo target is built by a rule; real targets are read where they are (local dir or hub)."""
+    return {"target": f"{RESULTS}/demo/target"} if DEMO else {}
+
+
+def data_path():
+    if config["data"]["path"] == "demo":
+        return f"{RESULTS}/demo/data/train.jsonl"
+    return config["data"]["path"]
+
+
+def data_input(wildcards):
+    path = data_path()
+    return {"data": path} if DEMO or Path(path).exists() else {}
+
+
+def num_shards():
+    """Fixed when the DAG is built, so `snakemake -n` lists every extraction job.
+
+    `auto`: one slot per visible GPU (or extract.cpu_slots without GPUs) times extract.shards_per_slot. Pin
+    extract.shards to keep shard boundaries when the machine changes.
+    """
+    ext = config["extract"]
+    if ext["shards"] != "auto":
+        return int(ext["shards"])
+    slots = len(visible_gpus()) or int(ext["cpu_slots"])
+    return slots * int(ext["shards_per_slot"])
+
+
+SHARDS = [f"shard{i:03d}" for i in range(num_shards())]
+
+
+def probe_value(path, key):
+    with open(path) as f:
+        return json.load(f)[key]
+
+
+def extract_gpus(wildcards, input):
+    return probe_value(input.probe, "gpus_per_copy")
+
+
+def cpu_threads():
+    """CPU jobs split the cores between the extraction slots."""
+    return max(1, workflow.cores // int(config["extract"]["cpu_slots"])) if not visible_gpus() else 2

@@ -1,0 +1,122 @@
+rule probe:
+    input:
+        unpack(target_input),
+    output:
+        json=f"{RESULTS}/probe.json",
+    params:
+        target=target_path(),
+        extract=as_json("extract"),
+        taps=as_json("taps"),
+        max_length=config["data"]["max_length"],
+    log:
+        f"{RESULTS}/logs/probe.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    shell:
+        "python scripts/probe.py --target {params.target} --extract-json {params.extract}"
+        " --taps-json {params.taps} --max-length {params.max_length} --out {output.json} > {log} 2>&1"
+
+
+rule prepare:
+    input:
+        unpack(target_input),
+        unpack(data_input),
+    output:
+        samples=f"{RESULTS}/prepared/samples.parquet",
+        stats=f"{RESULTS}/prepared/stats.json",
+    params:
+        target=target_path(),
+        data=data_path(),
+        cfg=as_json("data"),
+    log:
+        f"{RESULTS}/logs/prepare.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    shell:
+        "python scripts/prepare.py --target {params.target} --data {params.data} --data-json {params.cfg}"
+        " --out {output.samples} --stats {output.stats} > {log} 2>&1"
+
+
+rule shard:
+    input:
+        samples=rules.prepare.output.samples,
+    output:
+        shards=expand(f"{RESULTS}/shards/{{shard}}.parquet", shard=SHARDS),
+    log:
+        f"{RESULTS}/logs/shard.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    shell:
+        "python scripts/shard.py --samples {input.samples} --out {output.shards} > {log} 2>&1"
+
+
+rule extract:
+    input:
+        unpack(target_input),
+        shard=f"{RESULTS}/shards/{{shard}}.parquet",
+        probe=ancient(rules.probe.output.json),
+    output:
+        shard=f"{RESULTS}/extract/{{shard}}.safetensors",
+        manifest=f"{RESULTS}/extract/{{shard}}.json",
+    params:
+        target=target_path(),
+        tcfg=as_json("target"),
+        dcfg=as_json("data"),
+        taps=as_json("taps"),
+        ecfg=as_json("extract"),
+    resources:
+        gpu=extract_gpus,
+        budget_div=lambda wildcards, attempt: 2 ** (attempt - 1),
+    threads: cpu_threads()
+    log:
+        f"{RESULTS}/logs/extract/{{shard}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/extract/{{shard}}.tsv"
+    conda:
+        "../../envs/draftsmith.yaml"
+    shell:
+        "python scripts/extract.py --target {params.target} --shard {input.shard} --probe {input.probe}"
+        " --target-json {params.tcfg} --data-json {params.dcfg} --taps-json {params.taps}"
+        " --extract-json {params.ecfg} --budget-div {resources.budget_div} --threads {threads}"
+        " --out {output.shard} --manifest {output.manifest} > {log} 2>&1"
+
+
+rule validate:
+    input:
+        unpack(target_input),
+        prepared=f"{RESULTS}/shards/{{shard}}.parquet",
+        shard=rules.extract.output.shard,
+        manifest=rules.extract.output.manifest,
+        probe=ancient(rules.probe.output.json),
+    output:
+        report=f"{RESULTS}/validate/{{shard}}.json",
+    params:
+        target=target_path(),
+        tcfg=as_json("target"),
+        ecfg=as_json("extract"),
+    resources:
+        gpu=extract_gpus,
+    threads: cpu_threads()
+    log:
+        f"{RESULTS}/logs/validate/{{shard}}.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    shell:
+        "python scripts/validate.py --target {params.target} --prepared {input.prepared} --shard {input.shard}"
+        " --manifest {input.manifest} --probe {input.probe} --target-json {params.tcfg}"
+        " --extract-json {params.ecfg} --threads {threads} --out {output.report} > {log} 2>&1"
+
+
+rule merge:
+    input:
+        manifests=expand(rules.extract.output.manifest, shard=SHARDS),
+        validations=expand(rules.validate.output.report, shard=SHARDS),
+    output:
+        manifest=f"{RESULTS}/merged/manifest.json",
+    log:
+        f"{RESULTS}/logs/merge.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    shell:
+        "python scripts/merge.py --manifests {input.manifests} --validations {input.validations}"
+        " --out {output.manifest} > {log} 2>&1"
