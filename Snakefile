@@ -13,6 +13,6 @@ include: "workflow/rules/extract.smk"
 
 
 rule all:
+    default_target: True
     input:
         rules.merge.output.manifest,
-    default_target: True

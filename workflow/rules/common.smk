@@ -6,7 +6,6 @@ from snakemake.utils import validate
 
 from draftsmith.gpu_pool import visible_gpus
 
-
 validate(config, schema="../schemas/config.schema.yaml")
 
 
@@ -73,4 +72,8 @@ def extract_gpus(wildcards, input):
 
 def cpu_threads():
     """CPU jobs split the cores between the extraction slots."""
-    return max(1, workflow.cores // int(config["extract"]["cpu_slots"])) if not visible_gpus() else 2
+    return (
+        max(1, workflow.cores // int(config["extract"]["cpu_slots"]))
+        if not visible_gpus()
+        else 2
+    )

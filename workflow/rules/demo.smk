@@ -3,16 +3,16 @@ rule demo:
         target=directory(f"{RESULTS}/demo/target"),
         train=f"{RESULTS}/demo/data/train.jsonl",
         prompts=f"{RESULTS}/demo/data/prompts.jsonl",
-    params:
-        seed=config["demo"]["seed"],
-        steps=config["demo"]["steps"],
     log:
         f"{RESULTS}/logs/demo.log",
     benchmark:
         f"{RESULTS}/benchmarks/demo.tsv"
-    threads: workflow.cores
     conda:
         "../../envs/draftsmith.yaml"
+    threads: workflow.cores
+    params:
+        seed=config["demo"]["seed"],
+        steps=config["demo"]["steps"],
     shell:
         "python scripts/build_demo.py --target-out {output.target} --data-out $(dirname {output.train})"
         " --seed {params.seed} --steps {params.steps} --threads {threads} > {log} 2>&1"

@@ -3,15 +3,15 @@ rule probe:
         unpack(target_input),
     output:
         json=f"{RESULTS}/probe.json",
+    log:
+        f"{RESULTS}/logs/probe.log",
+    conda:
+        "../../envs/draftsmith.yaml"
     params:
         target=target_path(),
         extract=as_json("extract"),
         taps=as_json("taps"),
         max_length=config["data"]["max_length"],
-    log:
-        f"{RESULTS}/logs/probe.log",
-    conda:
-        "../../envs/draftsmith.yaml"
     shell:
         "python scripts/probe.py --target {params.target} --extract-json {params.extract}"
         " --taps-json {params.taps} --max-length {params.max_length} --out {output.json} > {log} 2>&1"
@@ -24,14 +24,14 @@ rule prepare:
     output:
         samples=f"{RESULTS}/prepared/samples.parquet",
         stats=f"{RESULTS}/prepared/stats.json",
-    params:
-        target=target_path(),
-        data=data_path(),
-        cfg=as_json("data"),
     log:
         f"{RESULTS}/logs/prepare.log",
     conda:
         "../../envs/draftsmith.yaml"
+    params:
+        target=target_path(),
+        data=data_path(),
+        cfg=as_json("data"),
     shell:
         "python scripts/prepare.py --target {params.target} --data {params.data} --data-json {params.cfg}"
         " --out {output.samples} --stats {output.stats} > {log} 2>&1"
@@ -58,22 +58,22 @@ rule extract:
     output:
         shard=f"{RESULTS}/extract/{{shard}}.safetensors",
         manifest=f"{RESULTS}/extract/{{shard}}.json",
-    params:
-        target=target_path(),
-        tcfg=as_json("target"),
-        dcfg=as_json("data"),
-        taps=as_json("taps"),
-        ecfg=as_json("extract"),
-    resources:
-        gpu=extract_gpus,
-        budget_div=lambda wildcards, attempt: 2 ** (attempt - 1),
-    threads: cpu_threads()
     log:
         f"{RESULTS}/logs/extract/{{shard}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/extract/{{shard}}.tsv"
     conda:
         "../../envs/draftsmith.yaml"
+    threads: cpu_threads()
+    resources:
+        gpu=extract_gpus,
+        budget_div=lambda wildcards, attempt: 2 ** (attempt - 1),
+    params:
+        target=target_path(),
+        tcfg=as_json("target"),
+        dcfg=as_json("data"),
+        taps=as_json("taps"),
+        ecfg=as_json("extract"),
     shell:
         "python scripts/extract.py --target {params.target} --shard {input.shard} --probe {input.probe}"
         " --target-json {params.tcfg} --data-json {params.dcfg} --taps-json {params.taps}"
@@ -90,17 +90,17 @@ rule validate:
         probe=ancient(rules.probe.output.json),
     output:
         report=f"{RESULTS}/validate/{{shard}}.json",
-    params:
-        target=target_path(),
-        tcfg=as_json("target"),
-        ecfg=as_json("extract"),
-    resources:
-        gpu=extract_gpus,
-    threads: cpu_threads()
     log:
         f"{RESULTS}/logs/validate/{{shard}}.log",
     conda:
         "../../envs/draftsmith.yaml"
+    threads: cpu_threads()
+    resources:
+        gpu=extract_gpus,
+    params:
+        target=target_path(),
+        tcfg=as_json("target"),
+        ecfg=as_json("extract"),
     shell:
         "python scripts/validate.py --target {params.target} --prepared {input.prepared} --shard {input.shard}"
         " --manifest {input.manifest} --probe {input.probe} --target-json {params.tcfg}"
