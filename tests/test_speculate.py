@@ -1,0 +1,227 @@
+"""Speculation against tiny real targets (attention-only Qwen3, hybrid Qwen3.5) with drafters of known behaviour."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+from draftsmith import speculate as sp
+
+VOCAB = 96
+TAPS = [0, 2]
+BLOCK = 5
+MAX_NEW = 40
+
+
+def _attention_target() -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+    )
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def _hybrid_target() -> Qwen3_5ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen3_5TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+    )
+    return Qwen3_5ForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module", params=["attention", "hybrid"])
+def case(request):
+    """A target, a prompt, the target's greedy continuation and the tap states of the whole sequence."""
+    target = _attention_target() if request.param == "attention" else _hybrid_target()
+    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    gen = sp.ar_generate(target, prompt, MAX_NEW)
+    tokens = prompt + gen.tokens
+    hidden = sp.target_hidden(target, tokens, TAPS)
+    return request.param, target, prompt, tokens, hidden
+
+
+class ScriptedDrafter:
+    """Knows the target's continuation; at absolute position p it proposes the true token when good(p), else a wrong
+    token ranked first with the true one second (so a tree can still find it). It checks the round protocol: the
+    anchor is the token at position context_length, and extended rows equal the target's tap states."""
+
+    def __init__(self, tokens, hidden, good, block_size: int = BLOCK):
+        self.tokens, self.hidden, self.good = tokens, hidden, good
+        self.block_size, self.mask_token_id = block_size, VOCAB - 1
+        self.n = 0
+
+    def reset(self) -> None:
+        self.n = 0
+
+    @property
+    def context_length(self) -> int:
+        return self.n
+
+    def extend(self, target_hidden: torch.Tensor) -> None:
+        t = target_hidden.shape[0]
+        torch.testing.assert_close(
+            target_hidden.float(), self.hidden[self.n : self.n + t].float(), atol=1e-2, rtol=1e-3
+        )
+        self.n += t
+
+    def crop(self, length: int) -> None:
+        self.n = length
+
+    def propose(self, anchor_token: int) -> torch.Tensor:
+        assert anchor_token == self.tokens[self.n], "anchor must be the token at position context_length"
+        logits = torch.zeros(self.block_size - 1, VOCAB)
+        for i in range(1, self.block_size):
+            p = self.n + i
+            true = self.tokens[p] if p < len(self.tokens) else 0
+            if self.good(p):
+                logits[i - 1, true] = 8.0
+            else:
+                logits[i - 1, (true + 1) % VOCAB] = 8.0
+                logits[i - 1, true] = 7.0
+        return logits
+
+
+def _sometimes(p: int) -> bool:
+    return (p * 7919) % 5 not in (0, 3)
+
+
+def test_ar_matches_generate():
+    target = _attention_target()
+    prompt = torch.tensor([[3, 14, 15, 9, 26, 5]])
+    ref = target.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert sp.ar_generate(target, prompt[0].tolist(), 20).tokens == ref[0, 6:].tolist()
+
+
+def test_tree_is_top_n_prefixes():
+    g = torch.Generator().manual_seed(0)
+    depth, vocab = 3, 5
+    logits = torch.randn(depth, vocab, generator=g) * 2
+    lp = torch.log_softmax(logits, -1)
+    prefixes = [p for d in range(1, depth + 1) for p in itertools.product(range(vocab), repeat=d)]
+    score = {p: sum(lp[i, t].item() for i, t in enumerate(p)) for p in prefixes}
+    ranked = sorted(prefixes, key=lambda p: -score[p])
+    for budget in (1, 2, 5, 12, 40, len(prefixes)):
+        tree = sp.build_tree(logits, budget)
+        got = [tree.prefix(i) for i in range(1, len(tree))]
+        assert len(got) == budget
+        assert set(got) == set(ranked[:budget])
+        assert all(tree.parents[i] < i and tree.depths[i] == len(got[i - 1]) for i in range(1, len(tree)))
+
+
+def test_one_node_per_depth_is_dflash():
+    logits = torch.randn(BLOCK - 1, VOCAB, generator=torch.Generator().manual_seed(2))
+    tree = sp.build_tree(logits, BLOCK - 1, per_depth=1)
+    chain = sp.chain_tree(logits.argmax(-1).tolist())
+    assert (tree.tokens, tree.parents, tree.depths) == (chain.tokens, chain.parents, chain.depths)
+
+
+def test_ancestor_mask():
+    tree = sp.Tree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 3], [0, 1, 1, 2, 3])
+    m = sp.ancestor_mask(tree)
+    assert m[4].tolist() == [True, True, False, True, True]
+    assert m[2].tolist() == [True, False, True, False, False]
+
+
+def _rounds_ok(committed, n_new):
+    assert sum(committed) == n_new - 1  # the prefill commits the first token
+    assert all(1 <= c <= BLOCK for c in committed)
+
+
+def test_oracle_gives_tau_b(case):
+    _, target, prompt, tokens, hidden = case
+    drafter = ScriptedDrafter(tokens, hidden, lambda p: True)
+    committed = sp.replay(drafter, tokens, hidden, len(prompt))
+    _rounds_ok(committed, MAX_NEW)
+    assert all(c == BLOCK for c in committed[:-1])
+    gen, real = sp.speculative_generate(target, drafter, prompt, MAX_NEW, TAPS)
+    assert gen.tokens == tokens[len(prompt) :]
+    assert real == committed
+
+
+def test_always_wrong_gives_tau_1(case):
+    _, target, prompt, tokens, hidden = case
+    drafter = ScriptedDrafter(tokens, hidden, lambda p: False)
+    committed = sp.replay(drafter, tokens, hidden, len(prompt))
+    assert committed == [1] * (MAX_NEW - 1)
+    gen, real = sp.speculative_generate(target, drafter, prompt, MAX_NEW, TAPS)
+    assert gen.tokens == tokens[len(prompt) :]
+    assert real == committed
+
+
+def test_replay_equals_real_loop_dflash(case):
+    kind, target, prompt, tokens, hidden = case
+    drafter = ScriptedDrafter(tokens, hidden, _sometimes)
+    committed = sp.replay(drafter, tokens, hidden, len(prompt))
+    _rounds_ok(committed, MAX_NEW)
+    assert (
+        1 < sp.tau(committed) < BLOCK and min(committed) < BLOCK
+    )  # rejections happened (hybrid: restore path)
+    gen, real = sp.speculative_generate(target, drafter, prompt, MAX_NEW, TAPS, timing=True)
+    assert gen.tokens == tokens[len(prompt) :], f"{kind}: speculative output differs from greedy decoding"
+    assert real == committed
+    assert gen.split["verify"] > 0 and gen.split["draft"] > 0
+    if kind == "hybrid":
+        assert gen.split["restore"] > 0
+
+
+def test_ddtree_replay_and_real_loop(case):
+    kind, target, prompt, tokens, hidden = case
+    drafter = ScriptedDrafter(tokens, hidden, _sometimes)
+    dflash = sp.replay(drafter, tokens, hidden, len(prompt))
+    tree = sp.replay(drafter, tokens, hidden, len(prompt), budget=16)
+    _rounds_ok(tree, MAX_NEW)
+    assert sp.tau(tree) > sp.tau(dflash)
+    assert sp.replay(drafter, tokens, hidden, len(prompt), budget=BLOCK - 1, per_depth=1) == dflash
+    if kind == "hybrid":
+        with pytest.raises(NotImplementedError):
+            sp.speculative_generate(target, drafter, prompt, MAX_NEW, TAPS, budget=16)
+        return
+    gen, real = sp.speculative_generate(target, drafter, prompt, MAX_NEW, TAPS, budget=16)
+    assert gen.tokens == tokens[len(prompt) :]
+    assert real == tree
+
+
+def test_sampled_replay_is_match_based():
+    target = _attention_target()
+    prompt = [5, 6, 7, 8]
+    gen = sp.ar_generate(target, prompt, 24, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    tokens = prompt + gen.tokens
+    hidden = sp.target_hidden(target, tokens, TAPS)
+    committed = sp.replay(ScriptedDrafter(tokens, hidden, lambda p: True), tokens, hidden, len(prompt))
+    assert all(c == BLOCK for c in committed[:-1]) and sum(committed) == 23
+
+
+def test_summaries():
+    assert sp.tau([1, 3, 5]) == 3
+    assert math.isnan(sp.tau([]))
+    assert sp.acceptance_by_position([1, 3, 5], 5) == [2 / 3, 2 / 3, 1 / 3, 1 / 3]
+    assert sp.histogram([1, 3, 5, 5], 5) == [1, 0, 1, 0, 2]
