@@ -1,0 +1,99 @@
+"""Extraction: batched, padded, hook-based extraction equals batch-1 recomputation; the shard file is sound."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from draftsmith import extract, store, validate
+from draftsmith.taps import default_taps, reference_taps
+
+
+def random_samples(n: int, vocab: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, 60, size=n)
+    rows = []
+    for i, t in enumerate(lengths):
+        mask = np.zeros(t, dtype=np.uint8)
+        mask[t // 2 :] = 1
+        rows.append({"id": f"s{i}", "input_ids": rng.integers(0, vocab, size=t).astype(np.int32),
+                     "loss_mask": mask, "prompt_len": t // 2, "num_tokens": int(t)})
+    return pd.DataFrame(rows)
+
+
+def test_default_taps_follow_dflash():
+    assert default_taps(36) == [1, 9, 17, 25, 33]  # Qwen3-8B drafter
+    assert default_taps(64) == [1, 16, 31, 46, 61]  # Qwen3.6-27B drafter
+    with pytest.raises(ValueError, match="repeat"):
+        default_taps(6)
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "attention"])
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_batched_extraction_equals_batch1(kind, storage, request, tmp_path):
+    path = request.getfixturevalue(f"{kind}_target")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    samples = random_samples(9, model.config.vocab_size)
+    taps = [1, 3, 5, 7]  # includes the last layer (read before the final norm)
+    out = tmp_path / "shard000.safetensors"
+    checksum, stats = extract.extract_samples(model, samples, taps, out, token_budget=120, storage=storage,
+                                              progress=False)
+    assert stats.batches > 1 and stats.tokens == samples["num_tokens"].sum()
+    assert not (tmp_path / "shard000.safetensors.partial").exists()
+    reader = store.ShardReader(out)
+    tol = validate.default_tolerance(torch.float32, storage)
+    for i in range(len(samples)):
+        ids, mask = reader.tokens(i)
+        assert ids.tolist() == samples["input_ids"][i].tolist()
+        assert mask.long().tolist() == samples["loss_mask"][i].tolist()
+        ref = reference_taps(model, ids[None], taps)[0]
+        got = reader.hidden(i, torch.float32)
+        err = float((got - ref).norm() / ref.norm())
+        assert err < tol, (i, err)
+    assert store.combine_crcs([reader.crc(i) for i in range(len(samples))]) == checksum
+
+
+def test_validation_catches_zeroed_and_wrong_layer_states(hybrid_target, tmp_path):
+    """The failure that motivated draftsmith: states that look fine but are zeros or from the wrong layer."""
+    model = AutoModelForCausalLM.from_pretrained(hybrid_target, dtype=torch.float32).eval()
+    samples = random_samples(4, model.config.vocab_size, seed=1)
+    taps = [1, 2, 3]
+    width = len(taps) * model.config.hidden_size
+    manifest = {"taps": taps, "hidden_size": model.config.hidden_size, "sample_ids": samples["id"].tolist()}
+
+    def write(path, fn):
+        w = store.ShardWriter(path, samples["num_tokens"].tolist(), width)
+        for i in range(len(samples)):
+            ids = torch.as_tensor(samples["input_ids"][i]).long()
+            h = fn(ids)
+            w.write_sample(i, h.bfloat16(), ids, torch.as_tensor(samples["loss_mask"][i]))
+        return w.close()
+
+    good = write(tmp_path / "good.safetensors", lambda ids: reference_taps(model, ids[None], taps)[0])
+    manifest["checksum"] = good
+    reader = store.ShardReader(tmp_path / "good.safetensors")
+    assert validate.structural_checks(reader, manifest, samples) == []
+    fails, rows = validate.recompute_checks(model, reader, manifest, k=2, tol=0.02, seed=0)
+    assert fails == [] and len(rows) == 2
+
+    zeros = write(tmp_path / "zeros.safetensors", lambda ids: torch.zeros(len(ids), width))
+    manifest["checksum"] = zeros
+    fails = validate.structural_checks(store.ShardReader(tmp_path / "zeros.safetensors"), manifest, samples)
+    assert any("all-zero" in f for f in fails)
+
+    shifted = write(tmp_path / "shifted.safetensors", lambda ids: reference_taps(model, ids[None], [2, 3, 4])[0])
+    manifest["checksum"] = shifted
+    reader = store.ShardReader(tmp_path / "shifted.safetensors")
+    assert validate.structural_checks(reader, manifest, samples) == []  # looks fine on its own...
+    fails, _ = validate.recompute_checks(model, reader, manifest, k=2, tol=0.02, seed=0)
+    assert fails and "relative error" in fails[0]  # ...but the recomputation catches it
+
+
+def test_make_batches_respects_budget_and_sorts():
+    lengths = [5, 100, 7, 60, 60, 3]
+    batches = extract.make_batches(lengths, token_budget=130)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 130
+    assert batches[0] == [1]  # longest first

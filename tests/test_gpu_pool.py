@@ -1,0 +1,66 @@
+"""The GPU pool with real processes and real flocks: no two holders of one device, a killed job frees its own."""
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+
+from draftsmith import gpu_pool
+
+
+def _worker(pool_dir, n, devices, hold, log_path):
+    with gpu_pool.acquire(n, devices=devices, pool_dir=pool_dir, poll=0.01) as got:
+        start = time.monotonic()
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, got))
+        time.sleep(hold)
+        end = time.monotonic()
+    with open(log_path, "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "devices": got, "start": start, "end": end}) + "\n")
+
+
+def test_concurrent_jobs_never_share_a_device(tmp_path):
+    log = tmp_path / "log.jsonl"
+    ctx = mp.get_context("spawn")
+    jobs = [ctx.Process(target=_worker, args=(tmp_path / "pool", n, [0, 1, 2, 3], 0.3, log))
+            for n in [1, 2, 1, 1, 2, 1, 3, 1]]
+    for j in jobs:
+        j.start()
+    for j in jobs:
+        j.join(60)
+        assert j.exitcode == 0
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(rows) == len(jobs)
+    for a in rows:
+        for b in rows:
+            if a is not b and set(a["devices"]) & set(b["devices"]):
+                assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+    assert max(len(r["devices"]) for r in rows) == 3
+
+
+def _hold_forever(pool_dir, ready):
+    with gpu_pool.acquire(2, devices=[0, 1], pool_dir=pool_dir):
+        ready.set()
+        time.sleep(600)
+
+
+def test_killed_job_frees_its_devices(tmp_path):
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_hold_forever, args=(tmp_path, ready))
+    p.start()
+    assert ready.wait(60)
+    assert gpu_pool.try_acquire(1, [0, 1], tmp_path) is None  # both held
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    with gpu_pool.acquire(2, devices=[0, 1], pool_dir=tmp_path, timeout=10) as got:
+        assert got == [0, 1]
+
+
+def test_no_gpu_means_cpu_and_too_many_is_an_error(tmp_path):
+    with gpu_pool.acquire(1, devices=[], pool_dir=tmp_path) as got:
+        assert got == [] and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(RuntimeError, match="needs 3 GPUs"), gpu_pool.acquire(3, devices=[0, 1], pool_dir=tmp_path):
+        pass
