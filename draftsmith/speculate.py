@@ -21,6 +21,7 @@ Two ways to measure tau:
 from __future__ import annotations
 
 import heapq
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -445,3 +446,181 @@ def histogram(committed: Sequence[int], size: int) -> list[int]:
     for c in committed:
         counts[min(c - 1, size - 1)] += 1
     return counts
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Benchmark of one prompt: every method against the same target run, so speedups compare like with like.
+
+HYBRID_DDTREE_NOTE = (
+    "no wall-clock: hybrid target (Gated DeltaNet layers run a recurrence along the sequence, so a tree cannot be "
+    "verified in one forward with an ancestor mask); tau from exact replay"
+)
+
+
+class ShorterBlock:
+    """Runs a drafter with a smaller block than it was trained with (keeps the first B-1 positions)."""
+
+    def __init__(self, drafter: BlockDrafter, block_size: int):
+        self.inner, self.block_size, self.mask_token_id = drafter, block_size, drafter.mask_token_id
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    @property
+    def context_length(self) -> int:
+        return self.inner.context_length
+
+    def extend(self, target_hidden: torch.Tensor) -> None:
+        self.inner.extend(target_hidden)
+
+    def crop(self, length: int) -> None:
+        self.inner.crop(length)
+
+    def propose(self, anchor_token: int) -> torch.Tensor:
+        return self.inner.propose(anchor_token)[: self.block_size - 1]
+
+
+def bench_prompt(
+    target: nn.Module,
+    drafter: BlockDrafter,
+    prompt_ids: Sequence[int],
+    taps: list[int],
+    bench: dict,
+    stop_ids: Sequence[int] = (),
+    seed: int = 0,
+) -> list[dict]:
+    """One record per method (and DDTree budget) for one prompt; `bench` is the config's bench section."""
+    methods = bench.get("methods", ["ar", "dflash", "ddtree"])
+    max_new = int(bench.get("max_new_tokens", 128))
+    temperature = float(bench.get("temperature", 0.0))
+    real = bool(bench.get("real_loop", True)) and temperature <= 0
+    block = drafter.block_size
+    hybrid = is_hybrid(target)
+    greedy = ar_generate(target, prompt_ids, max_new, stop_ids)
+    if temperature > 0:
+        gen = torch.Generator().manual_seed(seed)
+        continuation = ar_generate(target, prompt_ids, max_new, stop_ids, temperature, gen).tokens
+    else:
+        continuation = greedy.tokens
+    tokens = list(prompt_ids) + continuation
+    hidden = target_hidden(target, tokens, taps)
+    base = {
+        "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(continuation),
+        "block_size": block,
+        "temperature": temperature,
+        "hybrid": hybrid,
+        "ar_seconds": greedy.seconds,
+        "ar_tokens": len(greedy.tokens),
+    }
+    records = []
+    if "ar" in methods:
+        records.append(
+            {
+                **base,
+                "method": "ar",
+                "budget": None,
+                "committed": [1] * len(greedy.tokens),
+                "seconds": greedy.seconds,
+                "out_tokens": len(greedy.tokens),
+                "lossless": True,
+            }
+        )
+    runs: list[tuple[str, int | None]] = []
+    if "dflash" in methods:
+        runs.append(("dflash", None))
+    if "ddtree" in methods:
+        runs += [("ddtree", int(b)) for b in bench.get("ddtree_budgets", [16, 64, 256])]
+    for method, budget in runs:
+        rec = {**base, "method": method, "budget": budget}
+        rec["committed"] = replay(drafter, tokens, hidden, len(prompt_ids), budget)
+        rec["tau"] = tau(rec["committed"])
+        rec.update(seconds=None, out_tokens=None, lossless=None, split=None, real_committed=None, note=None)
+        if real and hybrid and budget is not None:
+            rec["note"] = HYBRID_DDTREE_NOTE
+        elif real:
+            out, committed = speculative_generate(
+                target, drafter, prompt_ids, max_new, taps, budget, stop_ids, timing=True
+            )
+            rec.update(
+                seconds=out.seconds, out_tokens=len(out.tokens), split=out.split, real_committed=committed
+            )
+            rec["lossless"] = out.tokens == greedy.tokens
+        records.append(rec)
+    return records
+
+
+def prompt_ids_of(record: dict, tokenizer, thinking: bool) -> list[int]:
+    """A chat record (trailing assistant turns dropped) through the chat template, or a plain `prompt` string."""
+    from draftsmith.data import render
+
+    if record.get("messages") is not None:
+        msgs = list(
+            record["messages"].tolist() if hasattr(record["messages"], "tolist") else record["messages"]
+        )
+        msgs = [{"role": m["role"], "content": m["content"]} for m in msgs]
+        while msgs and msgs[-1]["role"] == "assistant":
+            msgs.pop()
+    else:
+        msgs = [{"role": "user", "content": record["prompt"]}]
+    if tokenizer.chat_template is None:
+        return tokenizer(render(tokenizer, msgs, thinking), add_special_tokens=True)["input_ids"]
+    text = render(tokenizer, msgs, thinking, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def drafter_taps(drafter_dir: str) -> list[int]:
+    from pathlib import Path
+
+    cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
+    return [int(t) for t in cfg["dflash_config"]["target_layer_ids"]]
+
+
+def run_bench(
+    target_dir: str,
+    drafter_dir: str,
+    prompts_path: str,
+    part: int,
+    parts: int,
+    out_path: str,
+    bench: dict,
+    taps: list[int] | None = None,
+    dataset: str | None = None,
+) -> int:
+    """Benchmarks prompts part::parts of a prompt file on one device; writes one JSON line per record."""
+    from pathlib import Path
+
+    from draftsmith.data import iter_records
+    from draftsmith.drafter import load_block_drafter
+    from draftsmith.extract import load_target
+    from draftsmith.gpu_pool import acquire
+
+    dataset = dataset or Path(prompts_path).stem
+    records = [rec for _, _, rec in iter_records(prompts_path) if not isinstance(rec, Exception)]
+    if bench.get("max_prompts"):
+        records = records[: int(bench["max_prompts"])]
+    mine = records[part::parts]
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with acquire(1 if mine else 0) as devices:
+        target, tokenizer, device = load_target(target_dir, devices)
+        drafter = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
+        if bench.get("block_size"):
+            drafter = ShorterBlock(drafter, int(bench["block_size"]))
+        taps = taps or drafter_taps(drafter_dir)
+        stops = tokenizer.eos_token_id
+        stop_ids = [] if stops is None else ([stops] if isinstance(stops, int) else list(stops))
+        thinking = bool(bench.get("thinking", False))
+        rows = []
+        for w in range(int(bench.get("warmup", 1)) if mine else 0):  # compile kernels, warm allocators
+            bench_prompt(
+                target, drafter, prompt_ids_of(mine[0], tokenizer, thinking), taps, bench, stop_ids, w
+            )
+        for i, rec in enumerate(mine):
+            ids = prompt_ids_of(rec, tokenizer, thinking)
+            for r in bench_prompt(target, drafter, ids, taps, bench, stop_ids, seed=part + i * parts):
+                rows.append({"dataset": dataset, "id": str(rec.get("id", part + i * parts)), **r})
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(out)
+    return len(rows)

@@ -225,3 +225,34 @@ def test_summaries():
     assert math.isnan(sp.tau([]))
     assert sp.acceptance_by_position([1, 3, 5], 5) == [2 / 3, 2 / 3, 1 / 3, 1 / 3]
     assert sp.histogram([1, 3, 5, 5], 5) == [1, 0, 1, 0, 2]
+
+
+def test_bench_records_and_report(case, tmp_path):
+    import json
+
+    from draftsmith.report import write_report
+
+    kind, target, prompt, tokens, hidden = case
+    drafter = ScriptedDrafter(tokens, hidden, _sometimes)
+    bench = {"max_new_tokens": MAX_NEW, "ddtree_budgets": [4, 16], "methods": ["ar", "dflash", "ddtree"]}
+    records = sp.bench_prompt(target, drafter, prompt, TAPS, bench)
+    assert [(r["method"], r["budget"]) for r in records] == [
+        ("ar", None),
+        ("dflash", None),
+        ("ddtree", 4),
+        ("ddtree", 16),
+    ]
+    assert records[1]["lossless"] and records[1]["real_committed"] == records[1]["committed"]
+    if kind == "hybrid":
+        assert records[3]["seconds"] is None and "hybrid" in records[3]["note"]
+    else:
+        assert records[3]["lossless"]
+    part = tmp_path / "0.jsonl"
+    part.write_text("".join(json.dumps({"dataset": "d", "id": "0", **r}) + "\n" for r in records))
+    df = write_report([str(part)], tmp_path / "out")
+    assert df["method"].tolist() == ["ar", "dflash", "ddtree", "ddtree"]
+    assert df["tau"].iloc[1] == pytest.approx(sp.tau(records[1]["committed"]))
+    assert df["speedup"].iloc[0] == pytest.approx(1.0)
+    for name in ("summary.csv", "summary.md", "records.jsonl", "tau_by_method.png", "tau_vs_budget.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert (tmp_path / "out" / "position_acceptance.png").stat().st_size > 0

@@ -1,0 +1,163 @@
+"""Benchmark report: merge per-prompt records into summary tables and plots.
+
+Numbers are pooled over prompts, not averaged per prompt: tau = all committed tokens / all verification rounds,
+and speedup = (AR seconds per output token) / (method seconds per output token), both sums taken over the same
+prompts of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from draftsmith.speculate import acceptance_by_position, histogram  # noqa: E402
+
+
+def read_records(paths: list[str]) -> list[dict]:
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def label(method: str, budget: int | None) -> str:
+    return method if budget is None else f"{method}@{budget}"
+
+
+def summarize(records: list[dict]) -> pd.DataFrame:
+    """One row per dataset x method x budget."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], r["method"], r["budget"]), []).append(r)
+    rows = []
+    for (dataset, method, budget), rs in groups.items():
+        committed = [c for r in rs for c in r["committed"]]
+        block = max(r["block_size"] for r in rs)
+        timed = [r for r in rs if r.get("seconds") is not None]
+        row = {
+            "dataset": dataset,
+            "method": method,
+            "budget": budget,
+            "prompts": len(rs),
+            "rounds": len(committed),
+            "tau": sum(committed) / len(committed) if committed else math.nan,
+            "accepted_hist": " ".join(map(str, histogram(committed, block))),
+            "tokens_per_s": math.nan,
+            "speedup": math.nan,
+            "lossless": None,
+            "note": next((r["note"] for r in rs if r.get("note")), ""),
+        }
+        if timed and len(timed) == len(rs):
+            seconds, tokens = sum(r["seconds"] for r in rs), sum(r["out_tokens"] for r in rs)
+            ar_s, ar_t = sum(r["ar_seconds"] for r in rs), sum(r["ar_tokens"] for r in rs)
+            row["tokens_per_s"] = tokens / seconds
+            row["speedup"] = (ar_s / ar_t) / (seconds / tokens)
+            row["lossless"] = all(r.get("lossless") for r in rs)
+            splits = [r["split"] for r in rs if r.get("split")]
+            rounds = sum(len(r.get("real_committed") or []) for r in rs)
+            if splits and rounds:
+                for key in ("draft", "verify", "restore"):
+                    row[f"ms_{key}_per_round"] = 1000 * sum(s[key] for s in splits) / rounds
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    order = {"ar": 0, "dflash": 1, "ddtree": 2}
+    df["_o"] = df["method"].map(order).fillna(9)
+    df["_b"] = df["budget"].fillna(0)
+    return df.sort_values(["dataset", "_o", "_b"]).drop(columns=["_o", "_b"]).reset_index(drop=True)
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """A plain Markdown table (no tabulate dependency)."""
+
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+        return str(v)
+
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def plot_tau_by_method(df: pd.DataFrame, path: Path) -> None:
+    datasets = list(dict.fromkeys(df["dataset"]))
+    labels = list(
+        dict.fromkeys(label(m, None if pd.isna(b) else int(b)) for m, b in zip(df["method"], df["budget"]))
+    )
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(labels) * len(datasets)), 3.5))
+    width = 0.8 / max(1, len(datasets))
+    for j, ds in enumerate(datasets):
+        sub = df[df["dataset"] == ds]
+        taus = {
+            label(m, None if pd.isna(b) else int(b)): t
+            for m, b, t in zip(sub["method"], sub["budget"], sub["tau"])
+        }
+        xs = [i + j * width for i in range(len(labels))]
+        ax.bar(xs, [taus.get(lab, math.nan) for lab in labels], width, label=ds)
+    ax.set_xticks([i + width * (len(datasets) - 1) / 2 for i in range(len(labels))], labels, rotation=30)
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_tau_vs_budget(df: pd.DataFrame, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for ds in dict.fromkeys(df["dataset"]):
+        sub = df[(df["dataset"] == ds) & (df["method"] == "ddtree")].sort_values("budget")
+        (line,) = ax.plot(sub["budget"], sub["tau"], marker="o", label=f"{ds} DDTree")
+        flash = df[(df["dataset"] == ds) & (df["method"] == "dflash")]
+        if len(flash):
+            ax.axhline(float(flash["tau"].iloc[0]), ls="--", color=line.get_color(), label=f"{ds} DFlash")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("DDTree node budget")
+    ax.set_ylabel("tau")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_position_acceptance(records: list[dict], path: Path) -> None:
+    """Fraction of rounds in which draft position i (tree depth i) was accepted."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    keys = dict.fromkeys((r["dataset"], r["method"], r["budget"]) for r in records if r["method"] != "ar")
+    for ds, method, budget in keys:
+        rs = [r for r in records if (r["dataset"], r["method"], r["budget"]) == (ds, method, budget)]
+        block = max(r["block_size"] for r in rs)
+        rates = acceptance_by_position([c for r in rs for c in r["committed"]], block)
+        ax.plot(range(1, block), rates, marker=".", label=f"{ds} {label(method, budget)}")
+    ax.set_xlabel("draft position (tree depth)")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(parts: list[str], out_dir: str | Path) -> pd.DataFrame:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = read_records(parts)
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    df = summarize(records)
+    df.to_csv(out / "summary.csv", index=False)
+    (out / "summary.md").write_text(markdown(df))
+    plot_tau_by_method(df, out / "tau_by_method.png")
+    plot_tau_vs_budget(df, out / "tau_vs_budget.png")
+    plot_position_acceptance(records, out / "position_acceptance.png")
+    return df

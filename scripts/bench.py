@@ -1,0 +1,29 @@
+"""Benchmark a drafter against its target on one part of a prompt set (see draftsmith.speculate.run_bench)."""
+
+import argparse
+import json
+
+from draftsmith.speculate import run_bench
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--target", required=True, help="target model directory")
+    ap.add_argument("--drafter", required=True, help="exported drafter directory (z-lab format)")
+    ap.add_argument("--prompts", required=True, help="prompt records, .jsonl or .parquet")
+    ap.add_argument("--dataset", default=None, help="name in the report (default: the prompt file's stem)")
+    ap.add_argument("--part", type=int, default=0)
+    ap.add_argument("--parts", type=int, default=1)
+    ap.add_argument("--out", required=True, help="records, JSON lines")
+    ap.add_argument("--bench-json", default="{}", help="the config's bench section as JSON")
+    ap.add_argument("--taps-json", default=None, help="tap layer ids as JSON (default: the drafter's config)")
+    a = ap.parse_args()
+    taps = json.loads(a.taps_json) if a.taps_json else None
+    n = run_bench(
+        a.target, a.drafter, a.prompts, a.part, a.parts, a.out, json.loads(a.bench_json), taps, a.dataset
+    )
+    print(f"{n} records -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()
