@@ -256,3 +256,22 @@ def test_bench_records_and_report(case, tmp_path):
     for name in ("summary.csv", "summary.md", "records.jsonl", "tau_by_method.png", "tau_vs_budget.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert (tmp_path / "out" / "position_acceptance.png").stat().st_size > 0
+
+
+def test_real_block_drafter_is_lossless(case):
+    """The project's BlockDrafter (random weights, target's embedding and head) inside the real loops."""
+    from draftsmith.drafter import BlockDrafter, Drafter, DrafterConfig
+
+    kind, target, prompt, tokens, hidden = case
+    torch.manual_seed(0)
+    cfg = DrafterConfig(
+        hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+        vocab_size=VOCAB, target_layer_ids=TAPS, num_target_layers=4, mask_token_id=VOCAB - 1, block_size=BLOCK,
+    )  # fmt: skip
+    drafter = BlockDrafter(
+        Drafter(cfg), target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    )
+    for budget in (None,) if kind == "hybrid" else (None, 8):
+        gen, committed = sp.speculative_generate(target, drafter, prompt, MAX_NEW, TAPS, budget)
+        assert gen.tokens == tokens[len(prompt) :]
+        assert sum(committed) == MAX_NEW - 1
