@@ -68,6 +68,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                     row[f"ms_{key}_per_round"] = 1000 * sum(s[key] for s in splits) / rounds
         rows.append(row)
     df = pd.DataFrame(rows)
+    df["budget"] = df["budget"].astype("Int64")
     order = {"ar": 0, "dflash": 1, "ddtree": 2}
     df["_o"] = df["method"].map(order).fillna(9)
     df["_b"] = df["budget"].fillna(0)
@@ -78,7 +79,7 @@ def markdown(df: pd.DataFrame) -> str:
     """A plain Markdown table (no tabulate dependency)."""
 
     def cell(v) -> str:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
+        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
             return ""
         if isinstance(v, float):
             return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
