@@ -536,3 +536,124 @@ def plot_curves(metrics_csv: str | Path, png: str | Path) -> None:
 def clear_run(out_dir: str | Path) -> None:
     """Removes a previous run's checkpoints (a fresh start instead of a resume)."""
     shutil.rmtree(Path(out_dir) / "checkpoints", ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ throughput bench
+
+
+def step_flops(cfg: DrafterConfig, layout: BlockLayout, num_labels: int) -> float:
+    """Model FLOPs of one training step (forward + backward), counting only work the model must do: matmuls at
+    2 FLOPs/MAC, attention only over unmasked keys, no recomputation; backward = 2x forward except where no
+    gradient is needed (fc and the LM head get no input gradient; layer 0's block q/k/v get no input gradient)."""
+    H, nh, nkv, d, inter, B = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.block_size
+    Q, T = layout.num_queries, layout.num_ctx
+    q_o = 2 * (2 * H * nh * d)  # q_proj + o_proj per query
+    kv = 2 * (2 * H * nkv * d)  # k_proj + v_proj per token
+    mlp = 3 * (2 * H * inter)
+    anchors = layout.anchor.double()
+    k = torch.arange(B, dtype=torch.float64)
+    total = 0.0
+    for i, t in enumerate(cfg.layer_types):
+        per_query_linear = q_o + kv + mlp
+        total += 3 * Q * per_query_linear - (Q * (2 * H * nh * d + kv) if i == 0 else 0)
+        total += 3 * T * kv  # context keys/values (their gradient flows back to fc)
+        if t == "sliding_attention":
+            ctx_keys = torch.minimum(anchors[:, None], (cfg.sliding_window - k)[None, :].clamp_min(0)).sum()
+        else:
+            ctx_keys = anchors.sum() * B
+        keys = float(ctx_keys) + Q * B  # every query also sees its whole block
+        total += 3 * 4 * nh * d * keys  # QK^T and PV, forward + 2x backward
+    total += 2 * T * 2 * (cfg.num_taps * H) * H  # fc: forward + weight gradient
+    total += 2 * num_labels * 2 * H * cfg.vocab_size  # LM head: forward + input gradient
+    return total
+
+
+def matmul_ceiling(device: torch.device, n: int = 8192, iters: int = 20) -> float:
+    """Measured FLOP/s of a square bf16 matmul (fp32 on CPU): the ceiling the training step is compared to."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type != "cuda":
+        n, iters = min(n, 1024), min(iters, 5)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * iters / (time.perf_counter() - t0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def benchmark(cfg: DrafterConfig, seq_len: int, seqs_per_step: int, anchors_per_seq: int, steps: int,
+              warmup: int, seed: int = 0) -> dict:
+    """The real training step (block-sparse forward, chunked loss, backward, clip, AdamW) on random weights and
+    data of the given shape; under torchrun each rank runs it on its own GPU with DDP."""
+    rank, world, local = dist_info()
+    if world > 1:
+        torch.distributed.init_process_group("nccl")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(seed + rank)
+    model = Drafter(cfg).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local]) if world > 1 else model
+    embed = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=device) * 0.02).to(dtype)
+    head = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=device) * 0.02).to(dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    g = torch.Generator().manual_seed(seed + rank)
+    samples, anchors = [], []
+    for _ in range(seqs_per_step):
+        ids = torch.randint(0, cfg.vocab_size, (seq_len,), generator=g)
+        mask = torch.ones(seq_len, dtype=torch.bool)
+        samples.append(store.Sample(torch.randn(seq_len, cfg.num_taps * cfg.hidden_size, generator=g).to(torch.bfloat16), ids, mask))
+        anchors.append(pick_anchors(mask, anchors_per_seq, [seed, rank, len(samples)]))
+    batch = make_batch(samples, anchors, cfg.block_size, cfg.mask_token_id).to(device, dtype)
+    pos_w = position_weights(cfg.block_size, auto_gamma(cfg.block_size))
+    masks = build_masks(batch.layout, cfg, device.type == "cuda")
+    flops = step_flops(cfg, batch.layout, int((batch.labels >= 0).sum()))
+    ceiling = matmul_ceiling(device)
+
+    def one_step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss, _, _ = block_loss(ddp, embed, head, batch, masks, pos_w)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for _ in range(warmup):
+        one_step()
+    _sync(device)
+    if world > 1:
+        torch.distributed.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one_step()
+    _sync(device)
+    if world > 1:
+        torch.distributed.barrier()
+    dt = (time.perf_counter() - t0) / steps
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "world_size": world,
+        "params": sum(p.numel() for p in model.parameters()),
+        "context_tokens_per_step": batch.num_tokens * world,
+        "block_positions_per_step": batch.layout.num_queries * world,
+        "step_s": dt,
+        "tokens_per_s": batch.num_tokens * world / dt,
+        "model_flops_per_token": flops / batch.num_tokens,
+        "achieved_tflops_per_gpu": flops / dt / 1e12,
+        "matmul_ceiling_tflops": ceiling / 1e12,
+        "fraction_of_ceiling": flops / dt / ceiling,
+        "peak_mem_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+    }
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return result
