@@ -15,4 +15,4 @@ include: "workflow/rules/extract.smk"
 rule all:
     default_target: True
     input:
-        rules.merge.output.manifest,
+        rules.dataset.input,

@@ -109,6 +109,7 @@ rule validate:
 
 rule merge:
     input:
+        shards=expand(rules.extract.output.shard, shard=SHARDS),
         manifests=expand(rules.extract.output.manifest, shard=SHARDS),
         validations=expand(rules.validate.output.report, shard=SHARDS),
     output:
@@ -120,3 +121,12 @@ rule merge:
     shell:
         "python scripts/merge.py --manifests {input.manifests} --validations {input.validations}"
         " --out {output.manifest} > {log} 2>&1"
+
+
+# The training dataset as a target: the merged manifest and the shard files it indexes. Shards are final
+# outputs, not intermediates, so a deleted or quarantined shard is recomputed on the next run.
+rule dataset:
+    input:
+        manifest=rules.merge.output.manifest,
+        shards=rules.merge.input.shards,
+        validations=rules.merge.input.validations,
