@@ -1,9 +1,13 @@
 """Hidden-state extraction: one model copy per GPU (or GPU group), one shard per job.
 
-The hot loop keeps the GPU busy: batches are length-sorted and packed to a token budget (little padding), inputs go
-up from pinned memory, the forward runs the body only and stops after the deepest tap, valid rows are gathered on
+The hot loop keeps the GPU busy: batches are length-sorted and split to a token budget with little padding, inputs
+go up from pinned memory, the forward runs the body only and stops after the deepest tap, valid rows are gathered on
 the GPU with indices computed on the host (no `nonzero` sync), and the device-to-host copy runs on its own stream
 into reusable pinned buffers that a writer thread drains to disk while the next batch computes.
+
+Nothing in the loop waits for the GPU except back-pressure from the writer (all pinned buffers still unwritten),
+which is exactly the storage-limited case: CUDA events bracket each batch's GPU work and are read only at the end,
+so the job's log can say how long the GPU sat idle and whether compute or storage set the pace.
 """
 
 from __future__ import annotations
@@ -86,21 +90,35 @@ def load_target(path: str, devices: list[int], dtype: str = "auto", revision: st
 def make_batches(lengths: list[int] | np.ndarray, token_budget: int) -> list[list[int]]:
     """Length-sorted batches whose padded size (rows x longest) stays within the token budget.
 
-    Longest first, so an out-of-memory batch shows up in the first seconds, not at the end.
+    Greedy filling pads badly where lengths are sparse (a log-uniform 64..8192 mix wastes ~20% at a 64k budget on
+    a few hundred samples), so the cut points are chosen by dynamic programming over the sorted lengths, minimising
+    padded tokens plus a per-batch cost: a small fixed overhead, and a floor that charges tiny batches as if they
+    were budget/8 tokens (small matmuls run far below peak). Longest first, so an out-of-memory batch shows up in
+    the first seconds, not at the end. One sample longer than the budget forms its own batch.
     """
-    lengths = np.asarray(lengths)
+    lengths = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
+    sl = lengths[order]
+    n = len(sl)
+    overhead, floor = max(1, token_budget // 256), token_budget // 8
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):  # best[j]: cheapest split of the j longest samples; the last batch is sl[i:j]
+        shortest = max(int(sl[j - 1]), 1)
+        i = np.arange(max(0, j - token_budget // shortest - 1), j)
+        rows = j - i
+        padded = rows * sl[i]  # sl[i] is the batch's longest
+        cost = best[i] + np.maximum(padded, floor) + overhead
+        cost[(padded > token_budget) & (rows > 1)] = np.inf
+        k = int(np.argmin(cost))
+        best[j], cut[j] = cost[k], i[k]
     batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        longest = lengths[cur[0]] if cur else lengths[i]
-        if cur and (len(cur) + 1) * longest > token_budget:
-            batches.append(cur)
-            cur = []
-        cur.append(int(i))
-    if cur:
-        batches.append(cur)
-    return batches
+    j = n
+    while j > 0:
+        batches.append([int(x) for x in order[cut[j]:j]])
+        j = int(cut[j])
+    return batches[::-1]
 
 
 @torch.inference_mode()
@@ -146,14 +164,19 @@ def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, tem
 
 @dataclass
 class ExtractStats:
+    """A job's figures. GPU busy time comes from CUDA events around each batch's forward and gather (on the CPU:
+    wall time of that work), so idle = wall - busy is time the device waited on the host, the writer or the disk."""
+
     samples: int = 0
     tokens: int = 0
     padded_tokens: int = 0
     batches: int = 0
     seconds: float = 0.0
-    compute_seconds: float = 0.0
-    writer_wait_seconds: float = 0.0
-    write_seconds: float = 0.0
+    compute_seconds: float = 0.0  # host time spent issuing the batches' work
+    gpu_busy_seconds: float = 0.0
+    writer_wait_seconds: float = 0.0  # the loop blocked on the writer (all pinned buffers still unwritten)
+    write_seconds: float = 0.0  # the writer thread's time in pwrite (into the page cache, mostly)
+    flush_seconds: float = 0.0  # fsync and rename at the end: what the page cache had not yet put on disk
     bytes_written: int = 0
 
     @property
@@ -164,16 +187,81 @@ class ExtractStats:
     def padding_waste(self) -> float:
         return 1.0 - self.tokens / max(self.padded_tokens, 1)
 
+    @property
+    def gpu_idle_seconds(self) -> float:
+        return max(0.0, self.seconds - self.gpu_busy_seconds)
+
+    @property
+    def produce_gb_s(self) -> float:
+        """Bytes per second the device produces while it computes: the rate storage has to keep up with."""
+        return self.bytes_written / max(self.gpu_busy_seconds, 1e-9) / 1e9
+
+    @property
+    def storage_gb_s(self) -> float:
+        """Bytes per second the writer sinks when it runs flat out (pwrite plus the final fsync)."""
+        return self.bytes_written / max(self.write_seconds + self.flush_seconds, 1e-9) / 1e9
+
+    @property
+    def storage_limited(self) -> bool:
+        """Storage is slower than compute and the run visibly waited on it (>2% of wall time)."""
+        waited = self.writer_wait_seconds + self.flush_seconds
+        return self.storage_gb_s < self.produce_gb_s and waited > 0.02 * self.seconds
+
+    def summary(self) -> str:
+        return (
+            f"{self.tokens} tokens in {self.seconds:.1f}s: {self.tokens_per_s:.0f} tokens/s, padding waste "
+            f"{100 * self.padding_waste:.1f}%, device busy {self.gpu_busy_seconds:.1f}s / idle "
+            f"{self.gpu_idle_seconds:.1f}s, waited on writer {self.writer_wait_seconds:.1f}s, final flush "
+            f"{self.flush_seconds:.1f}s, {self.bytes_written / 1e9:.2f} GB written "
+            f"(produce {self.produce_gb_s:.2f} GB/s, storage {self.storage_gb_s:.2f} GB/s)"
+        )
+
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(tokens_per_s=self.tokens_per_s, padding_waste=self.padding_waste)
+        d.update(tokens_per_s=self.tokens_per_s, padding_waste=self.padding_waste,
+                 gpu_idle_seconds=self.gpu_idle_seconds, produce_gb_s=self.produce_gb_s,
+                 storage_gb_s=self.storage_gb_s, storage_limited=self.storage_limited)
         return d
+
+
+class _BusyTimer:
+    """Device busy time without syncing in the loop: CUDA events per batch, read once at the end."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.cpu_seconds = 0.0
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.events.append((ev, ev))
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.events[-1] = (self.events[-1][0], ev)
+        else:
+            self.cpu_seconds += time.perf_counter() - self._t0
+
+    def busy_seconds(self) -> float:
+        """Call after the device has finished (the writer has synchronised every batch's copy)."""
+        if not self.cuda:
+            return self.cpu_seconds
+        for _, end in self.events:
+            end.synchronize()
+        return sum(a.elapsed_time(b) for a, b in self.events) / 1e3
 
 
 class _Writer:
     """Drains finished batches to the shard file on a thread, so disk time hides behind GPU time."""
 
-    def __init__(self, writer: store.ShardWriter, stats: ExtractStats, depth: int = 2):
+    def __init__(self, writer: store.ShardWriter, stats: ExtractStats, depth: int = 4):
         self.writer, self.stats = writer, stats
         self.q: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
@@ -227,11 +315,40 @@ class _PinnedPool:
             sbuf = torch.empty((rows,), dtype=torch.float32, pin_memory=pin)
             self.free.put((buf, sbuf))
 
-    def get(self):
-        return self.free.get()
+    def get_timed(self, stats: ExtractStats):
+        t0 = time.perf_counter()
+        bufs = self.free.get()
+        stats.writer_wait_seconds += time.perf_counter() - t0
+        return bufs
 
     def put(self, bufs) -> None:
         self.free.put(bufs)
+
+
+def _quantize_rows(rows: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 in row chunks: quantising a 64k-token batch at once would need two fp32 copies of it (~13 GB)."""
+    q = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=rows.device)
+    scale = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+    for a in range(0, rows.shape[0], chunk):
+        q[a : a + chunk], scale[a : a + chunk] = store.quantize_fp8(rows[a : a + chunk])
+    return q, scale
+
+
+def _host_batch(batch: list[int], lens: list[int], ids_all: list[torch.Tensor], pad_token_id: int,
+                pin: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Right-padded ids, the attention mask (None when no row is padded: the mask-free path is faster and skips
+    the mask checks inside the model), and the flat indices of the valid positions."""
+    width_t = max(lens)
+    ids = torch.full((len(batch), width_t), pad_token_id, dtype=torch.long, pin_memory=pin)
+    att = torch.zeros((len(batch), width_t), dtype=torch.long, pin_memory=pin)
+    flat = torch.empty(sum(lens), dtype=torch.long, pin_memory=pin)
+    start = 0
+    for r, (i, n) in enumerate(zip(batch, lens)):
+        ids[r, :n] = ids_all[i]
+        att[r, :n] = 1
+        torch.arange(r * width_t, r * width_t + n, out=flat[start : start + n])
+        start += n
+    return ids, (att if min(lens) < width_t else None), flat
 
 
 def extract_samples(
@@ -258,44 +375,44 @@ def extract_samples(
     stats = ExtractStats()
     cuda = device.type == "cuda"
     buf_dtype = torch.float8_e4m3fn if storage == "fp8" else torch.bfloat16
-    pool = _PinnedPool(budget, width, buf_dtype, count=3, pin=cuda)
+    rows_max = max(sum(int(lengths[i]) for i in b) for b in batches)
+    pool = _PinnedPool(rows_max, width, buf_dtype, count=3, pin=cuda)
     copy_stream = torch.cuda.Stream(device) if cuda else None
+    timer = _BusyTimer(device)
     bg = _Writer(writer, stats)
     t_start = time.perf_counter()
     try:
         for batch in tqdm(batches, desc=f"extract {Path(out_path).stem}", unit="batch", disable=not progress,
                           mininterval=5.0):
             lens = [int(lengths[i]) for i in batch]
-            width_t = max(lens)
-            ids = torch.full((len(batch), width_t), pad_token_id, dtype=torch.long)
-            att = torch.zeros((len(batch), width_t), dtype=torch.long)
-            flat = []
-            for r, (i, n) in enumerate(zip(batch, lens)):
-                ids[r, :n] = ids_all[i]
-                att[r, :n] = 1
-                flat.append(torch.arange(n) + r * width_t)
-            flat_idx = torch.cat(flat)
-            if cuda:
-                ids, att, flat_idx = (t.pin_memory().to(device, non_blocking=True) for t in (ids, att, flat_idx))
+            ids, att, flat_idx = _host_batch(batch, lens, ids_all, pad_token_id, pin=cuda)
             t0 = time.perf_counter()
+            if cuda:
+                ids, flat_idx = ids.to(device, non_blocking=True), flat_idx.to(device, non_blocking=True)
+                att = None if att is None else att.to(device, non_blocking=True)
+            timer.start()
             h = forward_taps(model, ids, att, taps)  # [b, t, taps*H]
             rows_h = h.reshape(-1, width).index_select(0, flat_idx)  # padding dropped on the device
+            del h
             scale = None
             if storage == "fp8":
-                rows_h, scale = store.quantize_fp8(rows_h)
+                rows_h, scale = _quantize_rows(rows_h)
             else:
                 rows_h = rows_h.to(torch.bfloat16)
+            timer.stop()
             n_rows = rows_h.shape[0]
-            buf, sbuf = pool.get()
+            buf, sbuf = pool.get_timed(stats)  # blocks only when the writer is behind (the GPU still has this batch)
             if cuda:
                 copy_stream.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(copy_stream):
                     buf[:n_rows].copy_(rows_h, non_blocking=True)
                     if scale is not None:
                         sbuf[:n_rows].copy_(scale, non_blocking=True)
-                    rows_h.record_stream(copy_stream)
                     event = torch.cuda.Event()
                     event.record(copy_stream)
+                rows_h.record_stream(copy_stream)
+                if scale is not None:
+                    scale.record_stream(copy_stream)
             else:
                 buf[:n_rows].copy_(rows_h)
                 if scale is not None:
@@ -307,11 +424,21 @@ def extract_samples(
             stats.batches += 1
             stats.samples += len(batch)
             stats.tokens += sum(lens)
-            stats.padded_tokens += len(batch) * width_t
+            stats.padded_tokens += len(batch) * max(lens)
         bg.close()
+        stats.gpu_busy_seconds = timer.busy_seconds()
+        t_flush = time.perf_counter()
         checksum = writer.close()
+        stats.flush_seconds = time.perf_counter() - t_flush
     except BaseException:
         writer.abort()
         raise
     stats.seconds = time.perf_counter() - t_start
+    log.info("extracted %s", stats.summary())
+    if stats.storage_limited:
+        log.warning(
+            "storage, not compute, limits this job: the device produces %.2f GB/s of hidden states but the writer "
+            "sinks %.2f GB/s (waited %.1fs on the writer, %.1fs flushing); use extract.storage: fp8 (half the "
+            "bytes), a faster local disk, or fewer jobs per disk",
+            stats.produce_gb_s, stats.storage_gb_s, stats.writer_wait_seconds, stats.flush_seconds)
     return checksum, stats
