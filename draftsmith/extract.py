@@ -286,6 +286,8 @@ class _Writer:
                     start += n
                 self.stats.write_seconds += time.perf_counter() - t0
                 self.stats.bytes_written += hidden[:start].numel() * hidden.element_size()
+                if scale is not None:
+                    self.stats.bytes_written += start * scale.element_size()
             except BaseException as e:  # surfaced in the main thread
                 self.error = e
             finally:
