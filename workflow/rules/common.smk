@@ -1,4 +1,5 @@
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -15,6 +16,8 @@ DEMO = config["target"]["model"] == "demo"
 
 wildcard_constraints:
     shard=r"shard\d{3}",
+    dataset=r"[A-Za-z0-9_\-]+",
+    part=r"\d+",
 
 
 def as_json(section):
@@ -77,3 +80,35 @@ def cpu_threads():
         if not visible_gpus()
         else 2
     )
+
+
+def train_gpus():
+    """DDP over train.gpus devices, or the CPU when there are none."""
+    return min(int(config["train"]["gpus"]), len(visible_gpus()))
+
+
+def preset_mask_arg():
+    mask = config["target"].get("mask_token_id")
+    return "" if mask is None else f"--preset-mask-token-id {int(mask)}"
+
+
+def prompts_path(dataset):
+    """Benchmark prompts: the demo's held-out prompts, or the configured file / datasets name."""
+    source = BENCH_DATASETS[dataset]
+    return f"{RESULTS}/demo/data/prompts.jsonl" if source == "demo" else source
+
+
+def prompts_input(wildcards):
+    path = prompts_path(wildcards.dataset)
+    return {"prompts": path} if Path(path).exists() or path.startswith(RESULTS) else {}
+
+
+def bench_parts():
+    parts = config["bench"]["parts"]
+    if parts != "auto":
+        return int(parts)
+    return len(visible_gpus()) or int(config["extract"]["cpu_slots"])
+
+
+BENCH_PARTS = bench_parts()
+BENCH_DATASETS = {d["name"]: d["path"] for d in config["bench"]["datasets"]}

@@ -1,0 +1,66 @@
+rule bench:
+    input:
+        unpack(target_input),
+        unpack(prompts_input),
+        drafter=rules.export.output.drafter,
+        probe=ancient(rules.probe.output.json),
+    output:
+        records=f"{RESULTS}/bench/parts/{{dataset}}.{{part}}.jsonl",
+    log:
+        f"{RESULTS}/logs/bench/{{dataset}}.{{part}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/bench/{{dataset}}.{{part}}.tsv"
+    conda:
+        "../../envs/draftsmith.yaml"
+    threads: cpu_threads()
+    resources:
+        gpu=extract_gpus,
+    params:
+        target=target_path(),
+        prompts=lambda wildcards: prompts_path(wildcards.dataset),
+        parts=BENCH_PARTS,
+        bench=as_json("bench"),
+    shell:
+        "python scripts/bench.py --target {params.target} --drafter {input.drafter}"
+        " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"
+        " --parts {params.parts} --bench-json {params.bench} --out {output.records} > {log} 2>&1"
+
+
+rule report:
+    input:
+        parts=expand(
+            rules.bench.output.records,
+            dataset=list(BENCH_DATASETS),
+            part=range(BENCH_PARTS),
+        ),
+    output:
+        records=f"{RESULTS}/bench/records.jsonl",
+        csv=f"{RESULTS}/bench/summary.csv",
+        md=report(
+            f"{RESULTS}/bench/summary.md",
+            caption="../report/summary.rst",
+            category="Benchmark",
+        ),
+        tau=report(
+            f"{RESULTS}/bench/tau_by_method.png",
+            caption="../report/tau_by_method.rst",
+            category="Benchmark",
+        ),
+        budget=report(
+            f"{RESULTS}/bench/tau_vs_budget.png",
+            caption="../report/tau_vs_budget.rst",
+            category="Benchmark",
+        ),
+        positions=report(
+            f"{RESULTS}/bench/position_acceptance.png",
+            caption="../report/position_acceptance.rst",
+            category="Benchmark",
+        ),
+    log:
+        f"{RESULTS}/logs/report.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    params:
+        out=lambda wildcards, output: os.path.dirname(output.csv),
+    shell:
+        "python scripts/report.py --parts {input.parts} --out {params.out} > {log} 2>&1"

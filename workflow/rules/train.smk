@@ -1,0 +1,50 @@
+rule train:
+    input:
+        unpack(target_input),
+        dataset=rules.merge.output.manifest,
+        shards=rules.merge.input.shards,
+    output:
+        final=directory(f"{RESULTS}/train/final"),
+        metrics=f"{RESULTS}/train/metrics.csv",
+        summary=f"{RESULTS}/train/summary.json",
+        curves=report(
+            f"{RESULTS}/train/curves.png",
+            caption="../report/training.rst",
+            category="Training",
+        ),
+    log:
+        f"{RESULTS}/logs/train.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train.tsv"
+    conda:
+        "../../envs/draftsmith.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=train_gpus(),
+    params:
+        target=target_path(),
+        out=lambda wildcards, output: os.path.dirname(output.metrics),
+        drafter=as_json("drafter"),
+        train=as_json("train"),
+        mask=preset_mask_arg(),
+    shell:
+        "python scripts/train.py --dataset {input.dataset} --target {params.target} --out {params.out}"
+        " --drafter-json {params.drafter} --train-json {params.train} {params.mask} > {log} 2>&1"
+
+
+rule export:
+    input:
+        unpack(target_input),
+        final=rules.train.output.final,
+    output:
+        drafter=directory(f"{RESULTS}/drafter"),
+    log:
+        f"{RESULTS}/logs/export.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    params:
+        target=target_path(),
+        train_dir=lambda wildcards, input: os.path.dirname(input.final),
+    shell:
+        "python scripts/export.py --train-dir {params.train_dir} --target {params.target}"
+        " --out {output.drafter} > {log} 2>&1"
