@@ -150,14 +150,50 @@ def plot_position_acceptance(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(parts: list[str], out_dir: str | Path) -> pd.DataFrame:
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def comparison(df: pd.DataFrame, label_here: str, others: dict[str, str]) -> pd.DataFrame:
+    """tau of this run next to other runs' (e.g. the bf16 demo next to the fp8 one) on the same rows."""
+    keys = ["dataset", "method", "budget"]
+    table = df[keys + ["tau"]].rename(columns={"tau": f"tau ({label_here})"})
+    for name, path in others.items():
+        other = pd.read_csv(path)[keys + ["tau"]].rename(columns={"tau": f"tau ({name})"})
+        other["budget"] = other["budget"].astype("Int64")
+        table = table.merge(other, on=keys, how="left")
+    return table
+
+
+def drafter_lines(train_summary: dict) -> str:
+    acc, base = train_summary.get("heldout_acc_1"), train_summary.get("frequency_baseline_1")
+    lines = ["## Drafter", ""]
+    if acc is not None and base is not None:
+        lines.append(f"- held-out block-position-1 accuracy {acc:.3f} vs frequency baseline {base:.3f}")
+    if "first_loss" in train_summary and "final_loss_mean_last10pct" in train_summary:
+        lines.append(f"- training loss {train_summary['first_loss']:.3f} -> "
+                     f"{train_summary['final_loss_mean_last10pct']:.3f} (mean of the last 10% of steps)")
+    return "\n".join(lines) + "\n\n"
+
+
+def write_report(parts: list[str], out_dir: str | Path, train_summary: str | None = None,
+                 label_here: str = "this run", compare: dict[str, str] | None = None) -> pd.DataFrame:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records = read_records(parts)
-    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    _write_text(out / "records.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     df = summarize(records)
-    df.to_csv(out / "summary.csv", index=False)
-    (out / "summary.md").write_text(markdown(df))
+    df.to_csv(out / "summary.csv.partial", index=False)
+    (out / "summary.csv.partial").replace(out / "summary.csv")
+    text = "# Acceptance benchmark\n\n"
+    if train_summary and Path(train_summary).exists():
+        text += drafter_lines(json.loads(Path(train_summary).read_text()))
+    text += "## Summary\n\n" + markdown(df)
+    if compare:
+        text += f"\n## tau next to other runs\n\n{markdown(comparison(df, label_here, compare))}"
+    _write_text(out / "summary.md", text)
     plot_tau_by_method(df, out / "tau_by_method.png")
     plot_tau_vs_budget(df, out / "tau_vs_budget.png")
     plot_position_acceptance(records, out / "position_acceptance.png")

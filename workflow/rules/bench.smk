@@ -33,6 +33,7 @@ rule report:
             dataset=list(BENCH_DATASETS),
             part=range(BENCH_PARTS),
         ),
+        train=rules.train.output.summary,
     output:
         records=f"{RESULTS}/bench/records.jsonl",
         csv=f"{RESULTS}/bench/summary.csv",
@@ -62,5 +63,8 @@ rule report:
         "../../envs/draftsmith.yaml"
     params:
         out=lambda wildcards, output: os.path.dirname(output.csv),
+        label=f"{config['extract']['storage']} storage",
+        compare=compare_args(),
     shell:
-        "python scripts/report.py --parts {input.parts} --out {params.out} > {log} 2>&1"
+        "python scripts/report.py --parts {input.parts} --out {params.out} --train-summary {input.train}"
+        " --label {params.label:q} --compare {params.compare} > {log} 2>&1"

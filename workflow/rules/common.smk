@@ -112,3 +112,10 @@ def bench_parts():
 
 BENCH_PARTS = bench_parts()
 BENCH_DATASETS = {d["name"]: d["path"] for d in config["bench"]["datasets"]}
+
+
+def compare_args():
+    """Other runs' summaries, shown beside this one (`bench.compare`)."""
+    return " ".join(
+        shlex.quote(f"{c['name']}={c['summary']}") for c in config["bench"]["compare"]
+    )
