@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import build_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ rule bench:
         target=target_path(),
         prompts=lambda wildcards: prompts_path(wildcards.dataset),
         parts=BENCH_PARTS,
-        bench=as_json("bench"),
+        bench=as_json("bench", drop=("compare", "datasets")),
     shell:
         "python scripts/bench.py --target {params.target} --drafter {input.drafter}"
         " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"

@@ -20,9 +20,11 @@ wildcard_constraints:
     part=r"\d+",
 
 
-def as_json(section):
-    """A config section as one shell word: scripts read their settings from --x-json arguments."""
-    return shlex.quote(json.dumps(config[section], sort_keys=True))
+def as_json(section, drop=()):
+    """A config section as one shell word: scripts read their settings from --x-json arguments. Keys a job
+    does not use are dropped, so changing them does not rerun it."""
+    values = {k: v for k, v in config[section].items() if k not in drop}
+    return shlex.quote(json.dumps(values, sort_keys=True))
 
 
 def target_path():
