@@ -406,3 +406,49 @@ def bench_multi(argv: list[str], gpus: int, script: str, baseline: str | None, o
             "total_extract_tokens_per_s": total, "scaling": total / one["extract_tokens_per_s"],
             "storage_limited": [r["storage_limited"] for r in many],
             "written_gb_per_s_total": sum(r["written_gb_per_s"] for r in many), "runs": many, "baseline": one}
+
+
+# ------------------------------------------------------------------------------------- a target on disk
+
+
+def save_random_target(shape: str, tokenizer_dir: str, out_dir: str, num_layers: int | None = None,
+                       seed: int = 0) -> Path:
+    """A random-weight checkpoint of a real shape (with a borrowed tokenizer) that the workflow can load like a hub
+    model: for measuring the whole DAG at real size without downloading weights."""
+    from transformers import AutoTokenizer
+
+    from .store import tmp_path
+
+    fields, _ = load_shape(shape)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_model(fields, num_layers, device, dtype, seed)
+    out = Path(out_dir)
+    tmp = tmp_path(out)
+    model.save_pretrained(tmp, max_shard_size="10GB")
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+    tmp.replace(out)
+    return out
+
+
+def write_long_records(path: str, tokenizer_dir: str, samples: int, lengths_spec: str, seed: int = 0) -> None:
+    """prompt/response records whose rendered lengths follow `lengths_spec` (text from the stdlib sources)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from . import demo
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = "".join(demo.read_text(p) for p in demo.split_files()[0][:300])
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    lo, hi = (int(x) for x in lengths_spec.split(":")[1:3])
+    rng = np.random.default_rng(seed)
+    lengths = np.exp(rng.uniform(math.log(lo), math.log(hi), size=samples)).round().astype(int)
+    with open(path, "w") as f:
+        for i, n in enumerate(lengths):
+            start = int(rng.integers(0, max(1, len(ids) - int(n))))
+            chunk = ids[start : start + int(n)]
+            cut = max(1, len(chunk) // 8)
+            f.write(json.dumps({"id": f"long{i}", "prompt": tok.decode(chunk[:cut]),
+                                "response": tok.decode(chunk[cut:])}) + "\n")

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
+#   scripts/gpu_suite.sh extract1|spec|train|extract2|demo|workflow27b ...
+# Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
+# when present, for machines without package access.
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+if ! command -v python >/dev/null; then  # the rules call `python`
+    mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
+fi
+SHAPE=configs/shapes/qwen3.6-27b.json
+
+for phase in "$@"; do
+    echo "=== $phase $(date +%T)"
+    case $phase in
+    env)
+        nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv
+        python3 -c "import torch, transformers, fla, snakemake; print(torch.__version__, transformers.__version__, fla.__version__, snakemake.__version__)"
+        ;;
+    extract1)  # extraction vs bare forward, one GPU, 27B shape
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_extract.py --shape $SHAPE --tokens 250000 --repeats 2 \
+            --out-dir /tmp/dsbench --json-out "$OUT/extract_1gpu.json" 2>&1 | tail -40 | tee "$OUT/extract_1gpu.log"
+        ;;
+    extract1fp8)
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_extract.py --shape $SHAPE --tokens 250000 --storage fp8 \
+            --out-dir /tmp/dsbench --json-out "$OUT/extract_1gpu_fp8.json" 2>&1 | tail -40 | tee "$OUT/extract_1gpu_fp8.log"
+        ;;
+    extract2)  # two extraction processes at once (one per GPU, one disk) against the one-GPU baseline
+        python3 scripts/bench_extract.py --shape $SHAPE --tokens 250000 --gpus 2 --out-dir /tmp/dsbench \
+            --baseline-json "$OUT/extract_1gpu.json" --json-out "$OUT/extract_2gpu.json" 2>&1 | tail -40 | tee "$OUT/extract_2gpu.log"
+        ;;
+    spec)  # per-round cost of the DFlash real loop on the hybrid 27B shape
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_spec.py --shape $SHAPE --json-out "$OUT/spec_split.json" 2>&1 \
+            | tail -20 | tee "$OUT/spec_split.log"
+        ;;
+    train)  # drafter training throughput, Qwen3.6-27B drafter shape, one then two GPUs
+        python3 scripts/bench_train.py --gpus 2 2>&1 | tail -40 | tee "$OUT/train.log"
+        ;;
+    demo)  # the whole demo DAG on the GPUs through Snakemake
+        python3 -m snakemake --cores 16 --resources gpu=2 --config results=/tmp/demo -q > "$OUT/demo_snakemake.log" 2>&1
+        echo "demo exit $?"; tail -5 "$OUT/demo_snakemake.log"
+        cp /tmp/demo/bench/summary.md "$OUT/demo_summary.md"; cat "$OUT/demo_summary.md"
+        grep -h "tokens/s" /tmp/demo/logs/extract/*.log | tee "$OUT/demo_extract.log"
+        ;;
+    workflow27b)  # a random-weight 27B-shape target through the workflow, one extraction job per GPU
+        [ -d /tmp/r27b ] || python3 scripts/make_random_target.py --shape $SHAPE --tokenizer /tmp/demo/demo/target \
+            --out /tmp/r27b --data-out /tmp/r27b.jsonl --samples 96 > "$OUT/r27b_make.log" 2>&1
+        python3 -m snakemake dataset --cores 16 --resources gpu=2 --config results=/tmp/w27 "target={'model': '/tmp/r27b', 'dtype': 'bf16'}" \
+            "data={'path': '/tmp/r27b.jsonl', 'max_length': 8192}" "extract={'shards': 2, 'validate_samples': 2}" \
+            -q > "$OUT/w27_snakemake.log" 2>&1
+        echo "workflow27b exit $?"; tail -5 "$OUT/w27_snakemake.log"
+        grep -h "extracted\|STORAGE\|kernels\|flash" /tmp/w27/logs/extract/*.log | tee "$OUT/w27_extract.log"
+        cat /tmp/w27/probe.json > "$OUT/w27_probe.json"
+        ;;
+    esac
+done
