@@ -105,9 +105,12 @@ class ShardWriter:
         self.crc = [0] * len(self.lengths)
         self.written = [False] * len(self.lengths)
 
-    def _put(self, name: str, row: int, data: bytes) -> None:
+    def _put(self, name: str, row: int, data) -> None:
         start, _, row_bytes = self._where[name]
-        os.pwrite(self._fd, data, self._data_start + start + row * row_bytes)
+        view, pos = memoryview(data).cast("B"), self._data_start + start + row * row_bytes
+        while len(view):  # pwrite may write less than asked (about 2 GB at most per call on Linux)
+            n = os.pwrite(self._fd, view, pos)
+            view, pos = view[n:], pos + n
 
     def write_sample(
         self,
@@ -122,12 +125,14 @@ class ShardWriter:
         if tuple(hidden.shape) != (n, self.width):
             raise ValueError(f"sample {index}: hidden {tuple(hidden.shape)} != ({n}, {self.width})")
         row = int(self.offsets[index])
-        hbytes = hidden.contiguous().view(torch.uint8).numpy().tobytes()
+        # a view, not a copy: pwrite and crc32 release the GIL on buffers, so the thread that launches the GPU
+        # work keeps running while gigabytes are written (a `bytes` copy would hold the GIL for the whole memcpy)
+        hbytes = memoryview(hidden.contiguous().view(torch.uint8).numpy()).cast("B")
         self._put("hidden", row, hbytes)
         crc = zlib.crc32(hbytes)
         if self.storage == "fp8":
             assert scale is not None, "fp8 storage needs the per-row scales"
-            sbytes = scale.to(torch.float32).contiguous().numpy().tobytes()
+            sbytes = memoryview(scale.to(torch.float32).contiguous().numpy()).cast("B")
             self._put("hidden_scale", row, sbytes)
             crc = zlib.crc32(sbytes, crc)
         self._put("input_ids", row, input_ids.to(torch.int32).numpy().tobytes())
@@ -217,9 +222,9 @@ class ShardReader:
 
     def crc(self, i: int) -> int:
         h, scale = self.raw(i)
-        crc = zlib.crc32(h.contiguous().view(torch.uint8).numpy().tobytes())
+        crc = zlib.crc32(memoryview(h.contiguous().view(torch.uint8).numpy()).cast("B"))
         if scale is not None:
-            crc = zlib.crc32(scale.float().contiguous().numpy().tobytes(), crc)
+            crc = zlib.crc32(memoryview(scale.float().contiguous().numpy()).cast("B"), crc)
         return crc
 
 
