@@ -51,13 +51,21 @@ for phase in "$@"; do
         ;;
     workflow27b)  # a random-weight 27B-shape target through the workflow, one extraction job per GPU
         [ -d /tmp/r27b ] || python3 scripts/make_random_target.py --shape $SHAPE --tokenizer /tmp/demo/demo/target \
-            --out /tmp/r27b --data-out /tmp/r27b.jsonl --samples 96 > "$OUT/r27b_make.log" 2>&1
+            --out /tmp/r27b --data-out /tmp/r27b.jsonl --samples 200 > "$OUT/r27b_make.log" 2>&1
         python3 -m snakemake dataset --cores 16 --resources gpu=2 --config results=/tmp/w27 "target={'model': '/tmp/r27b', 'dtype': 'bf16'}" \
             "data={'path': '/tmp/r27b.jsonl', 'max_length': 8192}" "extract={'shards': 2, 'validate_samples': 2}" \
             -q > "$OUT/w27_snakemake.log" 2>&1
         echo "workflow27b exit $?"; tail -5 "$OUT/w27_snakemake.log"
         grep -h "extracted\|STORAGE\|kernels\|flash" /tmp/w27/logs/extract/*.log | tee "$OUT/w27_extract.log"
         cat /tmp/w27/probe.json > "$OUT/w27_probe.json"
+        ;;
+    workflow27b_1gpu)  # the same shards again, both jobs on one GPU (one at a time): the one-GPU job rate
+        DRAFTSMITH_GPUS=0 python3 -m snakemake dataset --cores 16 --resources gpu=1 --forcerun extract --config results=/tmp/w27 \
+            "target={'model': '/tmp/r27b', 'dtype': 'bf16'}" \
+            "data={'path': '/tmp/r27b.jsonl', 'max_length': 8192, 'regenerate': {'enabled': False}}" \
+            "extract={'shards': 2, 'validate_samples': 2}" -q > "$OUT/w27_1gpu_snakemake.log" 2>&1
+        echo "workflow27b_1gpu exit $?"
+        grep -h "extracted" /tmp/w27/logs/extract/*.log | tee "$OUT/w27_1gpu_extract.log"
         ;;
     esac
 done
