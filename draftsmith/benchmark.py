@@ -419,6 +419,7 @@ def save_random_target(shape: str, tokenizer_dir: str, out_dir: str, num_layers:
 
     from .store import tmp_path
 
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # first: fail before minutes of building
     fields, _ = load_shape(shape)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -426,7 +427,7 @@ def save_random_target(shape: str, tokenizer_dir: str, out_dir: str, num_layers:
     out = Path(out_dir)
     tmp = tmp_path(out)
     model.save_pretrained(tmp, max_shard_size="10GB")
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
     tmp.replace(out)
     return out
 
