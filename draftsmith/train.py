@@ -550,7 +550,7 @@ def step_flops(cfg: DrafterConfig, layout: BlockLayout, num_labels: int) -> floa
     q_o = 2 * (2 * H * nh * d)  # q_proj + o_proj per query
     kv = 2 * (2 * H * nkv * d)  # k_proj + v_proj per token
     mlp = 3 * (2 * H * inter)
-    anchors = layout.anchor.double()
+    anchors = layout.anchor.double().cpu()  # the count is host arithmetic: no device tensors, no syncs
     k = torch.arange(B, dtype=torch.float64)
     total = 0.0
     for i, t in enumerate(cfg.layer_types):

@@ -44,26 +44,26 @@ for phase in "$@"; do
         python3 scripts/bench_train.py --gpus 2 2>&1 | tail -40 | tee "$OUT/train.log"
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
-        python3 -m snakemake --cores 16 --resources gpu=2 --config results=/tmp/demo -q > "$OUT/demo_snakemake.log" 2>&1
-        echo "demo exit $?"; tail -5 "$OUT/demo_snakemake.log"
-        cp /tmp/demo/bench/summary.md "$OUT/demo_summary.md"; cat "$OUT/demo_summary.md"
-        grep -h "tokens/s" /tmp/demo/logs/extract/*.log | tee "$OUT/demo_extract.log"
+        DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}
+        python3 -m snakemake --cores 16 --resources gpu=2 --config results=$DEMO_RESULTS -q > "$OUT/demo_snakemake.log" 2>&1
+        echo "demo exit $?"; tail -5 "$OUT/demo_snakemake.log"; tail -20 $DEMO_RESULTS/logs/demo.log
+        cp $DEMO_RESULTS/bench/summary.md "$OUT/demo_summary.md"; cat "$OUT/demo_summary.md"
+        grep -h "tokens/s" $DEMO_RESULTS/logs/extract/*.log | tee "$OUT/demo_extract.log"
         ;;
     workflow27b)  # a random-weight 27B-shape target through the workflow, one extraction job per GPU
-        [ -d /tmp/r27b ] || python3 scripts/make_random_target.py --shape $SHAPE --tokenizer /tmp/demo/demo/target \
+        [ -d /tmp/r27b ] || python3 scripts/make_random_target.py --shape $SHAPE --tokenizer ${TOKENIZER:-/tmp/demo/demo/target} \
             --out /tmp/r27b --data-out /tmp/r27b.jsonl --samples 200 > "$OUT/r27b_make.log" 2>&1
-        python3 -m snakemake dataset --cores 16 --resources gpu=2 --config results=/tmp/w27 "target={'model': '/tmp/r27b', 'dtype': 'bf16'}" \
-            "data={'path': '/tmp/r27b.jsonl', 'max_length': 8192}" "extract={'shards': 2, 'validate_samples': 2}" \
-            -q > "$OUT/w27_snakemake.log" 2>&1
+        printf '%s\n' 'results: /tmp/w27' 'target: {model: /tmp/r27b, dtype: bf16}' \
+            'data: {path: /tmp/r27b.jsonl, max_length: 8192, regenerate: {enabled: false}}' \
+            'extract: {shards: 2, validate_samples: 2}' > /tmp/w27.yaml
+        python3 -m snakemake dataset --cores 16 --resources gpu=2 --configfile /tmp/w27.yaml -q > "$OUT/w27_snakemake.log" 2>&1
         echo "workflow27b exit $?"; tail -5 "$OUT/w27_snakemake.log"
         grep -h "extracted\|STORAGE\|kernels\|flash" /tmp/w27/logs/extract/*.log | tee "$OUT/w27_extract.log"
         cat /tmp/w27/probe.json > "$OUT/w27_probe.json"
         ;;
     workflow27b_1gpu)  # the same shards again, both jobs on one GPU (one at a time): the one-GPU job rate
-        DRAFTSMITH_GPUS=0 python3 -m snakemake dataset --cores 16 --resources gpu=1 --forcerun extract --config results=/tmp/w27 \
-            "target={'model': '/tmp/r27b', 'dtype': 'bf16'}" \
-            "data={'path': '/tmp/r27b.jsonl', 'max_length': 8192, 'regenerate': {'enabled': False}}" \
-            "extract={'shards': 2, 'validate_samples': 2}" -q > "$OUT/w27_1gpu_snakemake.log" 2>&1
+        DRAFTSMITH_GPUS=0 python3 -m snakemake dataset --cores 16 --resources gpu=1 --forcerun extract \
+            --configfile /tmp/w27.yaml -q > "$OUT/w27_1gpu_snakemake.log" 2>&1
         echo "workflow27b_1gpu exit $?"
         grep -h "extracted" /tmp/w27/logs/extract/*.log | tee "$OUT/w27_1gpu_extract.log"
         ;;
