@@ -103,3 +103,32 @@ def test_bad_record_stops_prepare_with_file_and_line(small_run, tmp_path):
     assert proc.returncode != 0
     log = (tmp_path / "results/logs/prepare.log").read_text()
     assert f"{bad}:2: `prompt` must be a string" in log
+
+
+def test_whole_dag_to_report(small_run, tmp_path):
+    """probe -> ... -> merge -> train -> export -> bench -> report, then `snakemake --report`."""
+    cfg = yaml.safe_load((small_run / "config.yaml").read_text())
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": t}]}) + "\n"
+                               for i, t in enumerate(["def main():", "import os\n", "class A:"])))
+    cfg.update(
+        drafter={"num_layers": 1, "block_size": 4},
+        train={"epochs": 1, "anchors_per_seq": 8, "token_budget": 1024},
+        bench={"datasets": [{"name": "tiny", "path": str(prompts)}], "max_new_tokens": 12,
+               "ddtree_budgets": [4, 8], "parts": 1},
+    )
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["--configfile", str(tmp_path / "c.yaml")]
+    snakemake("all", *args)
+    res = Path(cfg["results"])
+    zlab = json.loads((res / "drafter/config.json").read_text())
+    assert zlab["architectures"] == ["DFlashDraftModel"] and zlab["block_size"] == 4
+    summary = (res / "bench/summary.csv").read_text()
+    for method in ("ar", "dflash", "ddtree"):
+        assert f",{method}," in summary
+    records = [json.loads(line) for line in (res / "bench/records.jsonl").read_text().splitlines()]
+    assert all(r["lossless"] for r in records if r["method"] == "dflash")  # fp32: bit-for-bit greedy
+    for png in ("tau_by_method", "tau_vs_budget", "position_acceptance"):
+        assert (res / f"bench/{png}.png").stat().st_size > 1000
+    snakemake("--report", str(tmp_path / "report.html"), *args)
+    assert (tmp_path / "report.html").stat().st_size > 10_000
