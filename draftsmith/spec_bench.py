@@ -14,31 +14,18 @@ import torch
 
 from .benchmark import build_model, load_shape
 from .drafter import BlockDrafter, Drafter, DrafterConfig
-from .speculate import ar_generate, speculative_generate, tau
+from .speculate import Wrapped, ar_generate, speculative_generate, tau
 from .taps import default_taps
 
 log = logging.getLogger(__name__)
 
 
-class OracleDrafter:
+class OracleDrafter(Wrapped):
     """Wraps a real drafter (so drafting costs the same) but proposes the known greedy continuation."""
 
     def __init__(self, inner: BlockDrafter, continuation: list[int], prompt_len: int):
-        self.inner, self.cont, self.p = inner, continuation, prompt_len
-        self.block_size, self.mask_token_id = inner.block_size, inner.mask_token_id
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    @property
-    def context_length(self) -> int:
-        return self.inner.context_length
-
-    def extend(self, target_hidden: torch.Tensor) -> None:
-        self.inner.extend(target_hidden)
-
-    def crop(self, length: int) -> None:
-        self.inner.crop(length)
+        super().__init__(inner)
+        self.cont, self.p = continuation, prompt_len
 
     def propose(self, anchor_token: int) -> torch.Tensor:
         logits = self.inner.propose(anchor_token)

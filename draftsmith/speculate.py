@@ -457,11 +457,12 @@ HYBRID_DDTREE_NOTE = (
 )
 
 
-class ShorterBlock:
-    """Runs a drafter with a smaller block than it was trained with (keeps the first B-1 positions)."""
+class Wrapped:
+    """A drafter around another: context handling is the inner drafter's, only `propose` changes."""
 
-    def __init__(self, drafter: BlockDrafter, block_size: int):
-        self.inner, self.block_size, self.mask_token_id = drafter, block_size, drafter.mask_token_id
+    def __init__(self, drafter: BlockDrafter, block_size: int | None = None):
+        self.inner, self.mask_token_id = drafter, drafter.mask_token_id
+        self.block_size = block_size or drafter.block_size
 
     def reset(self) -> None:
         self.inner.reset()
@@ -475,6 +476,13 @@ class ShorterBlock:
 
     def crop(self, length: int) -> None:
         self.inner.crop(length)
+
+    def propose(self, anchor_token: int) -> torch.Tensor:
+        return self.inner.propose(anchor_token)
+
+
+class ShorterBlock(Wrapped):
+    """Runs a drafter with a smaller block than it was trained with (keeps the first B-1 positions)."""
 
     def propose(self, anchor_token: int) -> torch.Tensor:
         return self.inner.propose(anchor_token)[: self.block_size - 1]
