@@ -53,6 +53,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
             "tokens_per_s": math.nan,
             "speedup": math.nan,
             "lossless": None,
+            "exact": "",
             "note": next((r["note"] for r in rs if r.get("note")), ""),
         }
         if timed and len(timed) == len(rs):
@@ -61,6 +62,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
             row["tokens_per_s"] = tokens / seconds
             row["speedup"] = (ar_s / ar_t) / (seconds / tokens)
             row["lossless"] = all(r.get("lossless") for r in rs)
+            row["exact"] = f"{sum(bool(r.get('exact', r.get('lossless'))) for r in rs)}/{len(rs)}"
             splits = [r["split"] for r in rs if r.get("split")]
             rounds = sum(len(r.get("real_committed") or []) for r in rs)
             if splits and rounds:

@@ -57,6 +57,12 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = to
     return (q.float() * scale.float()[:, None]).to(dtype)
 
 
+def raw_bytes(t: torch.Tensor) -> memoryview | bytes:
+    """The bytes of a CPU tensor without copying them (pwrite and crc32 then run without the GIL)."""
+    arr = t.contiguous().view(torch.uint8).numpy() if t.dtype != torch.uint8 else t.contiguous().numpy()
+    return memoryview(arr).cast("B") if arr.size else b""
+
+
 def tmp_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
@@ -107,7 +113,8 @@ class ShardWriter:
 
     def _put(self, name: str, row: int, data) -> None:
         start, _, row_bytes = self._where[name]
-        view, pos = memoryview(data).cast("B"), self._data_start + start + row * row_bytes
+        view = memoryview(data).cast("B") if len(data) else memoryview(b"")
+        pos = self._data_start + start + row * row_bytes
         while len(view):  # pwrite may write less than asked (about 2 GB at most per call on Linux)
             n = os.pwrite(self._fd, view, pos)
             view, pos = view[n:], pos + n
@@ -127,12 +134,12 @@ class ShardWriter:
         row = int(self.offsets[index])
         # a view, not a copy: pwrite and crc32 release the GIL on buffers, so the thread that launches the GPU
         # work keeps running while gigabytes are written (a `bytes` copy would hold the GIL for the whole memcpy)
-        hbytes = memoryview(hidden.contiguous().view(torch.uint8).numpy()).cast("B")
+        hbytes = raw_bytes(hidden)
         self._put("hidden", row, hbytes)
         crc = zlib.crc32(hbytes)
         if self.storage == "fp8":
             assert scale is not None, "fp8 storage needs the per-row scales"
-            sbytes = memoryview(scale.to(torch.float32).contiguous().numpy()).cast("B")
+            sbytes = raw_bytes(scale.to(torch.float32))
             self._put("hidden_scale", row, sbytes)
             crc = zlib.crc32(sbytes, crc)
         self._put("input_ids", row, input_ids.to(torch.int32).numpy().tobytes())
@@ -222,9 +229,9 @@ class ShardReader:
 
     def crc(self, i: int) -> int:
         h, scale = self.raw(i)
-        crc = zlib.crc32(memoryview(h.contiguous().view(torch.uint8).numpy()).cast("B"))
+        crc = zlib.crc32(raw_bytes(h))
         if scale is not None:
-            crc = zlib.crc32(memoryview(scale.float().contiguous().numpy()).cast("B"), crc)
+            crc = zlib.crc32(raw_bytes(scale.float()), crc)
         return crc
 
 

@@ -41,6 +41,8 @@ def structural_checks(reader: store.ShardReader, manifest: dict, prepared: pd.Da
         return [f"sample count {len(reader)} != prepared shard {n}"]
     if manifest.get("sample_ids") != prepared["id"].tolist():
         failures.append("sample ids differ from the prepared shard")
+    if "sample_tokens" in manifest and reader.lengths.tolist() != manifest["sample_tokens"]:
+        return ["sample offsets differ from the manifest: the file's index is damaged"]
     width = len(manifest["taps"]) * manifest["hidden_size"]
     if reader.width != width:
         failures.append(f"hidden width {reader.width} != taps x hidden_size = {width}")
