@@ -72,8 +72,21 @@ MAX_SAMPLE_TOKENS = 360  # rendered conversation; the demo trains the drafter wi
 # text: the standard library's own sources
 
 
+MIN_SOURCES = 100
+
+
 def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+    """The standard library's folder; if this Python ships without its sources (slim images keep only .pyc),
+    the installed transformers package's sources stand in, so the demo still builds (a different, equally
+    deterministic text)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if len(list(root.glob("*.py"))) >= MIN_SOURCES // 2:
+        return root
+    import transformers
+
+    fallback = Path(transformers.__file__).parent
+    log.warning("%s holds almost no .py sources; the demo reads %s instead", root, fallback)
+    return fallback
 
 
 def stdlib_files(root: Path | None = None) -> list[str]:
