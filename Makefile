@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 
-.PHONY: setup demo test lint report clean
+.PHONY: setup demo demo-fp8 test lint clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --report results/report.html
 	@echo "done: see results/ (report: results/report.html)"
+
+demo-fp8: demo
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile configs/demo-fp8.yaml
+	@echo "done: results/fp8/bench/summary.md shows tau with fp8 storage next to bf16"
 
 test: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q tests

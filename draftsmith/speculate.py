@@ -615,9 +615,13 @@ def run_bench(
     bench: dict,
     taps: list[int] | None = None,
     dataset: str | None = None,
+    gpus: int = 1,
 ) -> int:
-    """Benchmarks prompts part::parts of a prompt file on one device; writes one JSON line per record."""
+    """Benchmarks prompts part::parts of a prompt file on one model copy (`gpus` devices from the pool); writes
+    one JSON line per record."""
     from pathlib import Path
+
+    from tqdm import tqdm
 
     from draftsmith.data import iter_records
     from draftsmith.drafter import load_block_drafter
@@ -631,7 +635,7 @@ def run_bench(
     mine = records[part::parts]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with acquire(1 if mine else 0) as devices:
+    with acquire(gpus if mine else 0) as devices:
         target, tokenizer, device = load_target(target_dir, devices)
         drafter = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
         if bench.get("block_size"):
@@ -645,7 +649,7 @@ def run_bench(
             bench_prompt(
                 target, drafter, prompt_ids_of(mine[0], tokenizer, thinking), taps, bench, stop_ids, w
             )
-        for i, rec in enumerate(mine):
+        for i, rec in enumerate(tqdm(mine, desc=f"bench {dataset} part {part}", unit="prompt")):
             ids = prompt_ids_of(rec, tokenizer, thinking)
             for r in bench_prompt(target, drafter, ids, taps, bench, stop_ids, seed=part + i * parts):
                 rows.append({"dataset": dataset, "id": str(rec.get("id", part + i * parts)), **r})

@@ -23,7 +23,8 @@ rule bench:
     shell:
         "python scripts/bench.py --target {params.target} --drafter {input.drafter}"
         " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"
-        " --parts {params.parts} --bench-json {params.bench} --out {output.records} > {log} 2>&1"
+        " --parts {params.parts} --bench-json {params.bench} --gpus {resources.gpu} --threads {threads}"
+        " --out {output.records} > {log} 2>&1"
 
 
 rule report:
