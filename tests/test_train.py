@@ -130,3 +130,34 @@ def test_cli_train_then_export(toy, tmp_path):
     c = json.loads((tmp_path / "drafter" / "config.json").read_text())
     assert c["dflash_config"] == {"mask_token_id": 62, "target_layer_ids": TAPS} and c["torch_dtype"] == "bfloat16"
     assert load_drafter(tmp_path / "drafter").fc.weight.dtype == torch.bfloat16
+
+
+def test_sigkill_mid_run_then_rerun_finishes_the_same_run(toy, tmp_path):
+    """A real kill (SIGKILL of the training process once a checkpoint exists), then the same command again."""
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    tj = json.dumps({**TRAIN, "epochs": 2, "checkpoint_every": 2})
+
+    def cmd(out):
+        return [sys.executable, str(REPO / "scripts" / "train.py"), "--dataset", str(toy["manifest"]),
+                "--target", str(toy["target"]), "--out", str(out), "--drafter-json", json.dumps(DRAFTER),
+                "--train-json", tj]
+
+    subprocess.run(cmd(tmp_path / "whole"), check=True, env=env, capture_output=True)
+    proc = subprocess.Popen(cmd(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = tmp_path / "killed" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpts.exists() and any(p.suffix == ".pt" for p in ckpts.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / "final").exists()
+    subprocess.run(cmd(tmp_path / "killed"), check=True, env=env, capture_output=True)
+    whole = read_metrics(tmp_path / "whole" / "metrics.csv")
+    resumed = read_metrics(tmp_path / "killed" / "metrics.csv")
+    assert [r["step"] for r in resumed] == [r["step"] for r in whole]
+    for a, b in zip(whole, resumed):
+        assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-5, abs=1e-6), a["step"]
