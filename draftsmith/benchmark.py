@@ -175,11 +175,13 @@ def stage_batches(samples: pd.DataFrame, batches: list[list[int]], device: torch
 
 @torch.inference_mode()
 def run_bare(model, staged: list[tuple], taps: list[int], device: torch.device) -> float:
-    """Body forward up to the deepest tap with the taps gathered, nothing leaves the device; one sync at the end."""
+    """Body forward up to the deepest tap with the taps gathered, nothing leaves the device; one sync at the end.
+
+    Like extraction, no attention mask: right padding needs none in a causal model (see extract_samples)."""
     _sync(device)
     t0 = time.perf_counter()
-    for ids, att in staged:
-        forward_taps(model, ids, att, taps)
+    for ids, _att in staged:
+        forward_taps(model, ids, None, taps)
     _sync(device)
     return time.perf_counter() - t0
 

@@ -417,11 +417,16 @@ def extract_samples(
         for batch in tqdm(batches, desc=f"extract {Path(out_path).stem}", unit="batch", disable=not progress,
                           mininterval=5.0):
             lens = [int(lengths[i]) for i in batch]
-            ids, att, flat_idx = _host_batch(batch, lens, ids_all, pad_token_id, pin=cuda)
+            ids, _, flat_idx = _host_batch(batch, lens, ids_all, pad_token_id, pin=cuda)
+            # No attention mask, on purpose: with right padding every real token comes before the padding, and a
+            # causal LM (attention, Gated DeltaNet recurrence and its causal conv alike) never lets a position see
+            # later ones, so the real rows are exact without a mask. Without one, SDPA takes its fused causal
+            # kernel and the model skips the mask checks that synchronise with the host. The padded rows come out
+            # as garbage and are dropped below; validation recomputes samples alone to hold us to it.
+            att = None
             t0 = time.perf_counter()
             if cuda:
                 ids, flat_idx = ids.to(device, non_blocking=True), flat_idx.to(device, non_blocking=True)
-                att = None if att is None else att.to(device, non_blocking=True)
             timer.start()
             h = forward_taps(model, ids, att, taps)  # [b, t, taps*H]
             rows_h = h.reshape(-1, width).index_select(0, flat_idx)  # padding dropped on the device
