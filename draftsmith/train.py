@@ -242,6 +242,17 @@ def dist_info() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
 
+def setup_device() -> tuple[int, int, torch.device]:
+    """Rank, world size and this process's device: one GPU per rank under torchrun (NCCL), else GPU 0 or CPU."""
+    rank, world, local = dist_info()
+    if world > 1:
+        torch.distributed.init_process_group("nccl")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        return rank, world, device
+    return rank, world, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def run(script: str, argv: list[str], dataset: str, target: str, out: str, drafter_section: dict,
         train_section: dict, preset_mask_token_id: int | None) -> int:
     """The CLI's body: takes `train.gpus` devices from the pool; with two or more, re-runs `script` under torchrun
@@ -330,13 +341,7 @@ def train(
     """
     tcfg = {**TRAIN_DEFAULTS, **{k: v for k, v in (train_section or {}).items() if v is not None}}
     tcfg["max_steps"] = (train_section or {}).get("max_steps")
-    rank, world, local = dist_info()
-    if world > 1:
-        torch.distributed.init_process_group("nccl")
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world, device = setup_device()
     dtype = resolve_dtype(tcfg["dtype"], device)
     out, target_dir = Path(out_dir), Path(target_dir)
     ckpt_dir = out / "checkpoints"
@@ -378,7 +383,7 @@ def train(
         step = int(state["step"])
     ddp = model
     if world > 1:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
 
     columns = _metrics_columns(cfg.block_size)
     if rank == 0:
@@ -593,17 +598,11 @@ def benchmark(cfg: DrafterConfig, seq_len: int, seqs_per_step: int, anchors_per_
               warmup: int, seed: int = 0) -> dict:
     """The real training step (block-sparse forward, chunked loss, backward, clip, AdamW) on random weights and
     data of the given shape; under torchrun each rank runs it on its own GPU with DDP."""
-    rank, world, local = dist_info()
-    if world > 1:
-        torch.distributed.init_process_group("nccl")
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world, device = setup_device()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(seed + rank)
     model = Drafter(cfg).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local]) if world > 1 else model
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index]) if world > 1 else model
     embed = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=device) * 0.02).to(dtype)
     head = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=device) * 0.02).to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
