@@ -11,7 +11,7 @@ rule bench:
     benchmark:
         f"{RESULTS}/benchmarks/bench/{{dataset}}.{{part}}.tsv"
     conda:
-        "../../envs/draftsmith.yaml"
+        "../../envs/gpu.yaml"
     threads: cpu_threads()
     resources:
         gpu=extract_gpus,

@@ -63,7 +63,7 @@ rule extract:
     benchmark:
         f"{RESULTS}/benchmarks/extract/{{shard}}.tsv"
     conda:
-        "../../envs/draftsmith.yaml"
+        "../../envs/gpu.yaml"
     threads: cpu_threads()
     resources:
         gpu=extract_gpus,
@@ -93,7 +93,7 @@ rule validate:
     log:
         f"{RESULTS}/logs/validate/{{shard}}.log",
     conda:
-        "../../envs/draftsmith.yaml"
+        "../../envs/gpu.yaml"
     threads: cpu_threads()
     resources:
         gpu=extract_gpus,
