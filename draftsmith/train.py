@@ -243,14 +243,25 @@ def dist_info() -> tuple[int, int, int]:
 
 
 def setup_device() -> tuple[int, int, torch.device]:
-    """Rank, world size and this process's device: one GPU per rank under torchrun (NCCL), else GPU 0 or CPU."""
+    """Rank, world size and this process's device: one GPU per rank under torchrun (NCCL), else GPU 0 or CPU.
+
+    Without GPUs, torchrun ranks run on the CPU over gloo: the same DDP code path, testable anywhere."""
     rank, world, local = dist_info()
+    if world > 1 and not torch.cuda.is_available():
+        torch.distributed.init_process_group("gloo")
+        return rank, world, torch.device("cpu")
     if world > 1:
         torch.distributed.init_process_group("nccl")
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
         return rank, world, device
     return rank, world, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DDP over this rank's GPU, or over CPU processes (gloo) when there is none."""
+    ids = None if device.type == "cpu" else [device.index]
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
 def run(script: str, argv: list[str], dataset: str, target: str, out: str, drafter_section: dict,
@@ -383,7 +394,7 @@ def train(
         step = int(state["step"])
     ddp = model
     if world > 1:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+        ddp = wrap_ddp(model, device)
 
     columns = _metrics_columns(cfg.block_size)
     if rank == 0:
@@ -602,7 +613,7 @@ def benchmark(cfg: DrafterConfig, seq_len: int, seqs_per_step: int, anchors_per_
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(seed + rank)
     model = Drafter(cfg).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index]) if world > 1 else model
+    ddp = wrap_ddp(model, device) if world > 1 else model
     embed = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=device) * 0.02).to(dtype)
     head = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=device) * 0.02).to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")

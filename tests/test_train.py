@@ -161,3 +161,23 @@ def test_sigkill_mid_run_then_rerun_finishes_the_same_run(toy, tmp_path):
     assert [r["step"] for r in resumed] == [r["step"] for r in whole]
     for a, b in zip(whole, resumed):
         assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-5, abs=1e-6), a["step"]
+
+
+def test_ddp_two_ranks_train_and_rank0_writes(toy, tmp_path):
+    """Two torchrun ranks (gloo on the CPU: the same DDP code path as NCCL on GPUs) train one drafter."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), DRAFTSMITH_DISTRIBUTED="1", OMP_NUM_THREADS="1")
+    tj = json.dumps({**TRAIN, "epochs": 2})
+    out = tmp_path / "ddp"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(REPO / "scripts" / "train.py"), "--dataset", str(toy["manifest"]), "--target", str(toy["target"]),
+         "--out", str(out), "--drafter-json", json.dumps(DRAFTER), "--train-json", tj],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out / "metrics.csv")
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(set(steps))  # one writer: no step twice
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert load_drafter(out / "final").fc.weight.shape[1] == len(TAPS) * H
