@@ -63,6 +63,17 @@ def raw_bytes(t: torch.Tensor) -> memoryview | bytes:
     return memoryview(arr).cast("B") if arr.size else b""
 
 
+def sample_crc(hidden: torch.Tensor, scale: torch.Tensor | None) -> int:
+    """CRC32 of one sample's stored hidden bytes (and fp8 scales): what the writer records and validation checks."""
+    crc = zlib.crc32(raw_bytes(hidden))
+    return crc if scale is None else zlib.crc32(raw_bytes(scale.to(torch.float32)), crc)
+
+
+def decode(hidden: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Stored rows -> states: fp8 rows are dequantized with their scales, bf16 rows just cast."""
+    return dequantize_fp8(hidden, scale, dtype) if scale is not None else hidden.to(dtype)
+
+
 def tmp_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
@@ -134,17 +145,15 @@ class ShardWriter:
         row = int(self.offsets[index])
         # a view, not a copy: pwrite and crc32 release the GIL on buffers, so the thread that launches the GPU
         # work keeps running while gigabytes are written (a `bytes` copy would hold the GIL for the whole memcpy)
-        hbytes = raw_bytes(hidden)
-        self._put("hidden", row, hbytes)
-        crc = zlib.crc32(hbytes)
+        self._put("hidden", row, raw_bytes(hidden))
         if self.storage == "fp8":
             assert scale is not None, "fp8 storage needs the per-row scales"
-            sbytes = raw_bytes(scale.to(torch.float32))
-            self._put("hidden_scale", row, sbytes)
-            crc = zlib.crc32(sbytes, crc)
+            self._put("hidden_scale", row, raw_bytes(scale.to(torch.float32)))
+        else:
+            scale = None
         self._put("input_ids", row, input_ids.to(torch.int32).numpy().tobytes())
         self._put("loss_mask", row, loss_mask.to(torch.uint8).numpy().tobytes())
-        self.crc[index] = crc
+        self.crc[index] = sample_crc(hidden, scale)
         self.written[index] = True
 
     def close(self) -> str:
@@ -214,8 +223,7 @@ class ShardReader:
         return hidden, scale
 
     def hidden(self, i: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        h, scale = self.raw(i)
-        return dequantize_fp8(h, scale, dtype) if scale is not None else h.to(dtype)
+        return decode(*self.raw(i), dtype)
 
     def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -228,11 +236,7 @@ class ShardReader:
         return Sample(self.hidden(i, dtype), ids, mask)
 
     def crc(self, i: int) -> int:
-        h, scale = self.raw(i)
-        crc = zlib.crc32(raw_bytes(h))
-        if scale is not None:
-            crc = zlib.crc32(raw_bytes(scale.float()), crc)
-        return crc
+        return sample_crc(*self.raw(i))
 
 
 class MergedDataset:

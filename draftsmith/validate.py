@@ -60,13 +60,14 @@ def structural_checks(reader: store.ShardReader, manifest: dict, prepared: pd.Da
                 failures.append(f"sample {i} ({prepared['id'].iloc[i]}): input ids differ from the prepared shard")
             if not np.array_equal(mask.numpy().astype(np.uint8), np.asarray(prepared["loss_mask"].iloc[i])):
                 failures.append(f"sample {i} ({prepared['id'].iloc[i]}): loss mask differs from the prepared shard")
-        h = reader.hidden(i, torch.float32)
+        raw, scale = reader.raw(i)  # read once: checked for values and for the checksum
+        h = store.decode(raw, scale, torch.float32)
         if not torch.isfinite(h).all():
             failures.append(f"sample {i} ({prepared['id'].iloc[i]}): non-finite hidden states")
         zero_rows = int((h == 0).all(dim=-1).sum())
         if zero_rows:
             failures.append(f"sample {i} ({prepared['id'].iloc[i]}): {zero_rows} all-zero hidden rows")
-        crcs.append(reader.crc(i))
+        crcs.append(store.sample_crc(raw, scale))
         if len(failures) > 20:
             break
     if not failures and store.combine_crcs(crcs) != manifest.get("checksum"):
