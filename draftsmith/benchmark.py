@@ -168,8 +168,13 @@ def stage_batches(samples: pd.DataFrame, batches: list[list[int]], device: torch
     lengths = samples["num_tokens"].to_numpy()
     staged = []
     for b in batches:
-        ids, att, _ = extract._host_batch(b, [int(lengths[i]) for i in b], ids_all, pad, pin=False)
-        staged.append((ids.to(device), None if att is None else att.to(device)))
+        lens = [int(lengths[i]) for i in b]
+        ids, _ = extract._host_batch(b, lens, ids_all, pad, pin=False)
+        # the mask only the naive path uses (bare and real extraction run right-padded batches without one)
+        att = None
+        if min(lens) < max(lens):
+            att = (torch.arange(ids.shape[1])[None, :] < torch.tensor(lens)[:, None]).long().to(device)
+        staged.append((ids.to(device), att))
     return staged
 
 

@@ -367,20 +367,17 @@ def _quantize_rows(rows: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor,
 
 
 def _host_batch(batch: list[int], lens: list[int], ids_all: list[torch.Tensor], pad_token_id: int,
-                pin: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Right-padded ids, the attention mask (None when no row is padded: the mask-free path is faster and skips
-    the mask checks inside the model), and the flat indices of the valid positions."""
+                pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and the flat indices of the valid positions (no attention mask: see extract_samples)."""
     width_t = max(lens)
     ids = torch.full((len(batch), width_t), pad_token_id, dtype=torch.long, pin_memory=pin)
-    att = torch.zeros((len(batch), width_t), dtype=torch.long, pin_memory=pin)
     flat = torch.empty(sum(lens), dtype=torch.long, pin_memory=pin)
     start = 0
     for r, (i, n) in enumerate(zip(batch, lens)):
         ids[r, :n] = ids_all[i]
-        att[r, :n] = 1
         torch.arange(r * width_t, r * width_t + n, out=flat[start : start + n])
         start += n
-    return ids, (att if min(lens) < width_t else None), flat
+    return ids, flat
 
 
 def extract_samples(
@@ -417,18 +414,17 @@ def extract_samples(
         for batch in tqdm(batches, desc=f"extract {Path(out_path).stem}", unit="batch", disable=not progress,
                           mininterval=5.0):
             lens = [int(lengths[i]) for i in batch]
-            ids, _, flat_idx = _host_batch(batch, lens, ids_all, pad_token_id, pin=cuda)
+            ids, flat_idx = _host_batch(batch, lens, ids_all, pad_token_id, pin=cuda)
             # No attention mask, on purpose: with right padding every real token comes before the padding, and a
             # causal LM (attention, Gated DeltaNet recurrence and its causal conv alike) never lets a position see
             # later ones, so the real rows are exact without a mask. Without one, SDPA takes its fused causal
             # kernel and the model skips the mask checks that synchronise with the host. The padded rows come out
             # as garbage and are dropped below; validation recomputes samples alone to hold us to it.
-            att = None
             t0 = time.perf_counter()
             if cuda:
                 ids, flat_idx = ids.to(device, non_blocking=True), flat_idx.to(device, non_blocking=True)
             timer.start()
-            h = forward_taps(model, ids, att, taps)  # [b, t, taps*H]
+            h = forward_taps(model, ids, None, taps)  # [b, t, taps*H]
             rows_h = h.reshape(-1, width).index_select(0, flat_idx)  # padding dropped on the device
             del h
             scale = None

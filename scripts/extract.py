@@ -43,9 +43,6 @@ with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
                  int(samples["num_tokens"].sum()), taps, budget, devices or "cpu")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     checksum, stats = extract.extract_samples(model, samples, taps, args.out, budget, ecfg.get("storage", "bf16"), pad)
-logging.info("extracted %d tokens in %.1fs: %.0f tokens/s, padding waste %.1f%%, writer %.1fs, waited on writer %.1fs",
-             stats.tokens, stats.seconds, stats.tokens_per_s, 100 * stats.padding_waste, stats.write_seconds,
-             stats.writer_wait_seconds)
 manifest = {
     "format": "draftsmith-shard-v1",
     "file": Path(args.out).name,
