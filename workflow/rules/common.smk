@@ -11,6 +11,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 
 RESULTS = config["results"]
+GPUS = visible_gpus()  # detected once per parse (nvidia-smi), not per helper call
 DEMO = config["target"]["model"] == "demo"
 
 
@@ -59,7 +60,7 @@ def num_shards():
     ext = config["extract"]
     if ext["shards"] != "auto":
         return int(ext["shards"])
-    slots = len(visible_gpus()) or int(ext["cpu_slots"])
+    slots = len(GPUS) or int(ext["cpu_slots"])
     return slots * int(ext["shards_per_slot"])
 
 
@@ -79,14 +80,14 @@ def cpu_threads():
     """CPU jobs split the cores between the extraction slots."""
     return (
         max(1, workflow.cores // int(config["extract"]["cpu_slots"]))
-        if not visible_gpus()
+        if not GPUS
         else 2
     )
 
 
 def train_gpus():
     """DDP over train.gpus devices, or the CPU when there are none."""
-    return min(int(config["train"]["gpus"]), len(visible_gpus()))
+    return min(int(config["train"]["gpus"]), len(GPUS))
 
 
 def preset_mask_arg():
@@ -109,7 +110,7 @@ def bench_parts():
     parts = config["bench"]["parts"]
     if parts != "auto":
         return int(parts)
-    return len(visible_gpus()) or int(config["extract"]["cpu_slots"])
+    return len(GPUS) or int(config["extract"]["cpu_slots"])
 
 
 BENCH_PARTS = bench_parts()
