@@ -20,26 +20,28 @@ def tokenizer():
     return demo.train_tokenizer(texts, vocab_size=400)
 
 
-def build_target(path: Path, tokenizer, kind: str = "hybrid", layers: int = 8, hidden: int = 64, seed: int = 0):
-    """A tiny target of either architecture family: `hybrid` (Qwen3.5: Gated DeltaNet + full attention) or
-    `attention` (Qwen3: full attention only)."""
+def tiny_model(kind: str, vocab: int, layers: int = 8, hidden: int = 64, seed: int = 0, **overrides):
+    """A tiny target with random weights, of either family: `hybrid` (Qwen3.5: Gated DeltaNet + full attention,
+    one full-attention layer in four) or `attention` (Qwen3: full attention only)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
-    vocab = (len(tokenizer) // 64 + 1) * 64
-    common = dict(
+    fields = dict(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     if kind == "hybrid":
-        cfg = Qwen3_5TextConfig(
-            **common, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-            linear_value_head_dim=16,
-        )
-        model = Qwen3_5ForCausalLM(cfg)
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(**common))
+        fields.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                      linear_value_head_dim=16)
+        return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**fields, **overrides})).eval()
+    return Qwen3ForCausalLM(Qwen3Config(**{**fields, **overrides})).eval()
+
+
+def build_target(path: Path, tokenizer, kind: str = "hybrid", layers: int = 8, hidden: int = 64, seed: int = 0):
+    """`tiny_model` saved as a Hugging Face model directory with the tokenizer beside it."""
+    vocab = (len(tokenizer) // 64 + 1) * 64
+    model = tiny_model(kind, vocab, layers, hidden, seed, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

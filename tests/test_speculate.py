@@ -7,8 +7,7 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
-from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from conftest import tiny_model
 
 from draftsmith import speculate as sp
 
@@ -18,44 +17,13 @@ BLOCK = 5
 MAX_NEW = 40
 
 
-def _attention_target() -> Qwen3ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-    )
-    return Qwen3ForCausalLM(cfg).eval()
+def _attention_target():
+    return tiny_model("attention", VOCAB, layers=4, max_position_embeddings=256, initializer_range=0.2)
 
 
-def _hybrid_target() -> Qwen3_5ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen3_5TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-    )
-    return Qwen3_5ForCausalLM(cfg).eval()
+def _hybrid_target():
+    return tiny_model("hybrid", VOCAB, layers=4, linear_conv_kernel_dim=4, max_position_embeddings=256,
+                      initializer_range=0.2)
 
 
 @pytest.fixture(scope="module", params=["attention", "hybrid"])
