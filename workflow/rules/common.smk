@@ -79,9 +79,7 @@ def extract_gpus(wildcards, input):
 def cpu_threads():
     """CPU jobs split the cores between the extraction slots."""
     return (
-        max(1, workflow.cores // int(config["extract"]["cpu_slots"]))
-        if not GPUS
-        else 2
+        max(1, workflow.cores // int(config["extract"]["cpu_slots"])) if not GPUS else 2
     )
 
 
