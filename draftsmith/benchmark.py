@@ -239,6 +239,7 @@ def bench(shape: str, num_layers: int | None = None, tokens: int = 400_000, leng
     fields, shape_taps = load_shape(shape)
     t0 = time.perf_counter()
     model = build_model(fields, num_layers, device, torch_dtype, seed)
+    extract.use_fla_conv(model)  # as load_target does for the workflow
     _sync(device)
     build_s = time.perf_counter() - t0
     cfg = model.config.get_text_config()

@@ -63,6 +63,34 @@ def report_kernels(model) -> str:
     return msg
 
 
+def use_fla_conv(model) -> bool:
+    """Runs the Gated DeltaNet short convolution on fla's Triton kernel instead of Transformers' torch fallback.
+
+    Transformers looks for the separate `causal_conv1d` CUDA package and otherwise runs a grouped `F.conv1d`
+    (which it warns is much slower). fla, already needed for the recurrence, ships a Triton causal conv over the
+    [batch, time, channels] layout the projection produced, so the adapter below is two free transposes. Only the
+    prefill path (no cache) is replaced; True when installed.
+    """
+    if not (fla_available() and has_linear_attention(model)) or next(model.parameters()).device.type != "cuda":
+        return False
+    import importlib.util
+
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    def conv_fn(hidden_states, weight, bias=None, activation=None, **_):
+        out, _state = causal_conv1d(hidden_states.transpose(1, 2), weight, bias, activation=activation)
+        return out.transpose(1, 2)
+
+    mixer = next((m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")), None)
+    module = importlib.import_module(type(mixer).__module__) if mixer is not None else None
+    installed = module is not None and getattr(module, "causal_conv1d_fn", None) is not None
+    installed = installed and importlib.util.find_spec("causal_conv1d") is None  # the CUDA package wins if present
+    if installed:
+        module.causal_conv1d_fn = conv_fn
+        log.info("short convolutions run on fla's Triton causal_conv1d")
+    return installed
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -84,6 +112,7 @@ def load_target(path: str, devices: list[int], dtype: str = "auto", revision: st
     if len(devices) <= 1:
         model.to(device)
     model.eval()
+    use_fla_conv(model)
     tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return model, tok, device
 

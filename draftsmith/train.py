@@ -612,7 +612,8 @@ def benchmark(cfg: DrafterConfig, seq_len: int, seqs_per_step: int, anchors_per_
     rank, world, device = setup_device()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(seed + rank)
-    model = Drafter(cfg).to(device)
+    with torch.device(device):  # initialised on the device: a 1.8B-parameter CPU init takes minutes
+        model = Drafter(cfg)
     ddp = wrap_ddp(model, device) if world > 1 else model
     embed = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=device) * 0.02).to(dtype)
     head = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=device) * 0.02).to(dtype)

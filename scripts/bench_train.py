@@ -46,7 +46,7 @@ if __name__ == "__main__":
         for n in (1, a.gpus):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
                    __file__, *sys.argv[1:]]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout  # stderr shows
             results.append(json.loads(out.strip().splitlines()[-1]))
             print(json.dumps(results[-1], indent=2))
         print(f"scaling {a.gpus} GPUs / 1 GPU: {results[1]['tokens_per_s'] / results[0]['tokens_per_s']:.2f}x")

@@ -25,7 +25,7 @@ for phase in "$@"; do
         python3 -c "import torch, transformers, fla, snakemake; print(torch.__version__, transformers.__version__, fla.__version__, snakemake.__version__)"
         ;;
     extract1)  # extraction vs bare forward, one GPU, 27B shape
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_extract.py --shape $SHAPE --tokens 250000 --repeats 2 \
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_extract.py --shape $SHAPE --tokens ${TOKENS:-250000} --repeats 2 \
             --out-dir /tmp/dsbench --json-out "$OUT/extract_1gpu.json" 2>&1 | tail -40 | tee "$OUT/extract_1gpu.log"
         ;;
     extract1fp8)
@@ -43,6 +43,9 @@ for phase in "$@"; do
     train)  # drafter training throughput, Qwen3.6-27B drafter shape, one then two GPUs
         python3 scripts/bench_train.py --gpus 2 2>&1 | tail -40 | tee "$OUT/train.log"
         ;;
+    profile)  # top CUDA kernels of the bare forward; torch vs fla short convolution
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_extract.py --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"
+        ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}
         python3 -m snakemake --cores 16 --resources gpu=2 --config results=$DEMO_RESULTS -q > "$OUT/demo_snakemake.log" 2>&1
@@ -50,8 +53,8 @@ for phase in "$@"; do
         cp $DEMO_RESULTS/bench/summary.md "$OUT/demo_summary.md"; cat "$OUT/demo_summary.md"
         grep -h "tokens/s" $DEMO_RESULTS/logs/extract/*.log | tee "$OUT/demo_extract.log"
         ;;
-    workflow27b)  # a random-weight 27B-shape target through the workflow, one extraction job per GPU
-        [ -d /tmp/r27b ] || python3 scripts/make_random_target.py --shape $SHAPE --tokenizer ${TOKENIZER:-/tmp/demo/demo/target} \
+    workflow27b)  # a random-weight 27B-shape target (WSHAPE= another preset) through the workflow, one extraction job per GPU
+        [ -d /tmp/r27b ] || python3 scripts/make_random_target.py --shape ${WSHAPE:-$SHAPE} --tokenizer ${TOKENIZER:-/tmp/demo/demo/target} \
             --out /tmp/r27b --data-out /tmp/r27b.jsonl --samples 200 > "$OUT/r27b_make.log" 2>&1
         printf '%s\n' 'results: /tmp/w27' 'target: {model: /tmp/r27b, dtype: bf16}' \
             'data: {path: /tmp/r27b.jsonl, max_length: 8192, regenerate: {enabled: false}}' \
