@@ -152,47 +152,6 @@ def make_batches(lengths: list[int] | np.ndarray, token_budget: int) -> list[lis
     return batches[::-1]
 
 
-@torch.inference_mode()
-def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, temperature: float,
-               max_length: int, batch_size: int, seed: int) -> pd.DataFrame:
-    """Replaces each last assistant turn with the target's own answer (drafters learn the target, not the data)."""
-    device = next(model.parameters()).device
-    torch.manual_seed(seed)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-    eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id])
-    out = samples.copy()
-    order = np.argsort(-samples["prompt_len"].to_numpy(), kind="stable")
-    new_ids, new_mask = [None] * len(samples), [None] * len(samples)
-    for b in tqdm(range(0, len(order), batch_size), desc="regenerate", unit="batch"):
-        rows = order[b : b + batch_size]
-        prompts = [samples["input_ids"].iloc[r][: samples["prompt_len"].iloc[r]] for r in rows]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        att = torch.zeros((len(rows), width), dtype=torch.long)
-        for k, p in enumerate(prompts):  # left padding for generation
-            ids[k, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
-            att[k, width - len(p):] = 1
-        gen = model.generate(
-            input_ids=ids.to(device), attention_mask=att.to(device), max_new_tokens=max_new_tokens,
-            do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_p=None,
-            top_k=None, pad_token_id=pad,
-        )[:, width:].cpu()
-        for k, r in enumerate(rows):
-            resp = gen[k].tolist()
-            cut = next((j + 1 for j, t in enumerate(resp) if t in eos_ids), len(resp))
-            resp = resp[:cut]
-            p = prompts[k]
-            old_mask = samples["loss_mask"].iloc[r][: len(p)]
-            ids_k = np.concatenate([p, np.asarray(resp, dtype=np.int32)])[:max_length]
-            mask_k = np.concatenate([old_mask, np.ones(len(resp), dtype=np.uint8)])[:max_length]
-            new_ids[r], new_mask[r] = ids_k.astype(np.int32), mask_k.astype(np.uint8)
-    out["input_ids"] = new_ids
-    out["loss_mask"] = new_mask
-    out["num_tokens"] = [len(x) for x in new_ids]
-    return out
-
-
 @dataclass
 class ExtractStats:
     """A job's figures. GPU busy time comes from CUDA events around each batch's forward and gather (on the CPU:

@@ -2,6 +2,7 @@
 
 import argparse
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from draftsmith import data, extract, gpu_pool, store
 from draftsmith.cli import json_arg, set_threads, setup_logging
 from draftsmith.config import content_hash, resolve_taps
+from draftsmith.regenerate import regenerate
 
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("--target", required=True)
@@ -35,9 +37,12 @@ with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
     cfg = model.config.get_text_config()
     taps = resolve_taps(cfg.num_hidden_layers, tapcfg)
     regen = dcfg.get("regenerate") or {}
+    regen_stats = None
     if regen.get("enabled"):
-        samples = extract.regenerate(model, tok, samples, int(regen["max_new_tokens"]), float(regen["temperature"]),
-                                     int(dcfg["max_length"]), int(regen.get("batch_size", 16)), int(regen.get("seed", 0)))
+        samples, regen_stats = regenerate(model, tok, samples, int(regen["max_new_tokens"]),
+                                          float(regen["temperature"]), int(dcfg["max_length"]),
+                                          int(regen.get("batch_size", 64)), int(regen.get("seed", 0)),
+                                          float(regen.get("top_p", 1.0)), int(regen.get("sync_every", 8)))
     budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))
     logging.info("shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s", args.shard, len(samples),
                  int(samples["num_tokens"].sum()), taps, budget, devices or "cpu")
@@ -57,6 +62,7 @@ manifest = {
     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
     "storage": ecfg.get("storage", "bf16"),
     "regenerated": bool(regen.get("enabled")),
+    "regeneration": None if regen_stats is None else asdict(regen_stats),
     "kernels": kernels,
     "num_samples": len(samples),
     "num_tokens": int(samples["num_tokens"].sum()),

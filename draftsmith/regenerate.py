@@ -1,0 +1,385 @@
+"""Response regeneration by the target, served the way an inference engine serves a batch.
+
+DFlash drafters learn the target's own answers, so the extraction job first replaces each last assistant turn with
+what the target says. Transformers' `generate` decodes one fixed batch until its longest answer ends, grows its
+cache by concatenation, and synchronises with the host every step. Here, inside Transformers and torch:
+
+- a fixed number of *slots* decode together; each has a preallocated region of a key/value cache (attention layers)
+  and its own Gated DeltaNet convolution and recurrent state (linear-attention layers), so a decode step has static
+  shapes and writes in place;
+- a slot whose answer ends is refilled with the next prompt at the next check (continuous batching): nobody waits
+  for the longest answer;
+- the step keeps its bookkeeping (positions, counts, stop flags, output tokens) on the device; the host looks every
+  `sync_every` steps only to retire finished answers and admit new prompts;
+- new prompts are prefilled together, left-padded (exact for both layer kinds: padded positions are masked in
+  attention and zeroed before the convolution and the recurrence), and their caches copied into the free slots.
+
+The model's own decoder layers run every step (no second implementation of the model): the slot cache answers the
+calls they make on a Transformers cache (`update` for attention, the conv/recurrent state accessors for Gated
+DeltaNet), and each slot attends to its own prefix through a per-row mask.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from .taps import body
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------ the slot cache
+
+
+class _LinearSlots:
+    """One Gated DeltaNet layer's per-slot states, under the names the layer reads from a Transformers cache."""
+
+    record_past = False
+
+    def __init__(self, conv: torch.Tensor, recurrent: torch.Tensor):
+        self.conv_states = {0: conv}
+        self.recurrent_states = {0: recurrent}
+
+
+class _AttentionSlots:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+
+
+class SlotCache:
+    """Preallocated per-slot state for every layer; `pos[s]` is where slot s writes its next key/value."""
+
+    def __init__(self, layer_types: list[str], slots: int, length: int, device: torch.device):
+        self.layer_types = layer_types
+        self.slots, self.length, self.device = slots, length, device
+        self.layers: list = [None] * len(layer_types)
+        self.pos = torch.zeros(slots, dtype=torch.long, device=device)
+        self._rows = torch.arange(slots, device=device)
+
+    # --- what the model's layers call during a decode step
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        layer.keys[self._rows, :, self.pos] = key[:, :, 0]
+        layer.values[self._rows, :, self.pos] = value[:, :, 0]
+        return layer.keys, layer.values
+
+    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+        return True
+
+    def update_recurrent_state(self, state: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
+        return self.layers[layer_idx].recurrent_states[state_idx].copy_(state)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always passed explicitly
+
+    # --- filling slots from a prefill
+    def load(self, slot_ids: list[int], prefill_cache, lengths: list[int], width: int) -> None:
+        """Copies a left-padded prefill's cache (rows = `slot_ids`, real lengths `lengths`) into those slots."""
+        idx = torch.as_tensor(slot_ids, device=self.device)
+        for i, kind in enumerate(self.layer_types):
+            src = prefill_cache.layers[i]
+            if kind == "linear_attention":
+                conv, rec = src.conv_states[0], src.recurrent_states[0]
+                if self.layers[i] is None:
+                    self.layers[i] = _LinearSlots(conv.new_zeros((self.slots, *conv.shape[1:])),
+                                                  rec.new_zeros((self.slots, *rec.shape[1:])))
+                self.layers[i].conv_states[0][idx] = conv
+                self.layers[i].recurrent_states[0][idx] = rec
+            else:
+                k, v = src.keys, src.values
+                if self.layers[i] is None:
+                    shape = (self.slots, k.shape[1], self.length, k.shape[3])
+                    self.layers[i] = _AttentionSlots(k.new_zeros(shape), v.new_zeros(shape))
+                for row, (s, n) in enumerate(zip(slot_ids, lengths)):
+                    self.layers[i].keys[s, :, :n] = k[row, :, width - n:]
+                    self.layers[i].values[s, :, :n] = v[row, :, width - n:]
+
+    def nbytes(self) -> int:
+        total = 0
+        for layer in self.layers:
+            if isinstance(layer, _LinearSlots):
+                total += layer.conv_states[0].nbytes + layer.recurrent_states[0].nbytes
+            elif layer is not None:
+                total += layer.keys.nbytes + layer.values.nbytes
+        return total
+
+
+# ------------------------------------------------------------------------------------------ sampling
+
+
+def pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Greedy at temperature 0, else a sample from the temperature-scaled distribution cut to its top-p mass."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        sorted_p[(sorted_p.cumsum(-1) - sorted_p) > top_p] = 0.0  # keep the smallest prefix reaching top_p
+        choice = torch.multinomial(sorted_p, 1, generator=generator)
+        return order.gather(-1, choice)[:, 0]
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+# ------------------------------------------------------------------------------------------ the engine
+
+
+@dataclass
+class RegenStats:
+    prompts: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    prefill_tokens: int = 0
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+
+    @property
+    def new_tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.seconds, 1e-9)
+
+    def summary(self) -> str:
+        return (f"{self.prompts} answers, {self.new_tokens} new tokens in {self.seconds:.1f}s "
+                f"({self.new_tokens_per_s:.0f} new tokens/s; {self.steps} decode steps, prefill "
+                f"{self.prefill_tokens} tokens in {self.prefill_seconds:.1f}s)")
+
+
+def _layer_types(model) -> list[str]:
+    cfg = model.config.get_text_config()
+    types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
+    return ["linear_attention" if "linear" in t else "full_attention" for t in types]
+
+
+class Engine:
+    """Greedy or sampled decoding of many prompts through `slots` concurrent sequences of a Transformers model."""
+
+    def __init__(self, model, slots: int, max_len: int, eos_ids: list[int], temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, sync_every: int = 8, prefill_tokens: int = 16384, pad_id: int = 0):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.types = _layer_types(model)
+        self.slots, self.max_len, self.sync_every, self.prefill_tokens = slots, max_len, sync_every, prefill_tokens
+        self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
+        self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed) if temperature > 0 else None
+        self.cache = SlotCache(self.types, slots, max_len, self.device)
+        d = self.device
+        self.cur = torch.full((slots,), pad_id, dtype=torch.long, device=d)  # the token each slot feeds next
+        self.n_gen = torch.zeros(slots, dtype=torch.long, device=d)
+        self.limit = torch.zeros(slots, dtype=torch.long, device=d)  # new-token cap of each slot's answer
+        self.live = torch.zeros(slots, dtype=torch.bool, device=d)
+        self.out: torch.Tensor | None = None
+        self._cols = torch.arange(max_len, device=d)
+        # hybrid models take one mask per layer kind; attention-only models a 4D mask
+        self._mask_by_kind = "linear_attention" in self.types
+
+    @torch.inference_mode()
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, object, int]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        att = torch.zeros((len(prompts), width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+            att[r, width - len(p):] = 1
+        pos = (att.cumsum(-1) - 1).clamp_min(0)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
+                         position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], out.past_key_values, width
+
+    @torch.inference_mode()
+    def _admit(self, slot_ids: list[int], prompts: list[list[int]], limits: list[int]) -> None:
+        logits, pcache, width = self._prefill(prompts)
+        lengths = [len(p) for p in prompts]
+        self.cache.load(slot_ids, pcache, lengths, width)
+        first = pick(logits.float(), self.temperature, self.top_p, self.generator)
+        idx = torch.as_tensor(slot_ids, device=self.device)
+        lim = torch.as_tensor(limits, device=self.device)
+        self.out[idx] = self.pad_id
+        self.out[idx, 0] = first
+        self.cur[idx] = first
+        self.n_gen[idx] = 1
+        self.limit[idx] = lim
+        self.cache.pos[idx] = torch.as_tensor(lengths, device=self.device)
+        self.live[idx] = ~torch.isin(first, self.eos) & (lim > 1)
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        """One token for every slot; only live slots advance. No host synchronisation."""
+        pos = self.cache.pos
+        mask = (self._cols[None, :] <= pos[:, None])[:, None, None, :]
+        att = {"full_attention": mask, "sliding_attention": mask, "linear_attention": None} \
+            if self._mask_by_kind else mask
+        hidden = body(self.model)(input_ids=self.cur[:, None], attention_mask=att, position_ids=pos[:, None],
+                                  past_key_values=self.cache, use_cache=True).last_hidden_state
+        nxt = pick(self.model.lm_head(hidden[:, -1]).float(), self.temperature, self.top_p, self.generator)
+        live = self.live
+        col = torch.where(live, self.n_gen, self.out.shape[1] - 1)  # dead slots write to a scratch column
+        self.out[self.cache._rows, col] = nxt
+        step = live.long()
+        self.n_gen += step
+        pos += step
+        self.cur.copy_(torch.where(live, nxt, self.cur))
+        done = torch.isin(nxt, self.eos) | (self.n_gen >= self.limit) | (pos >= self.max_len - 1)
+        self.live.copy_(live & ~done)
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int | list[int], progress: bool = True
+            ) -> tuple[list[list[int]], RegenStats]:
+        """Every prompt's answer (ending with an EOS token when one was produced), in input order."""
+        n = len(prompts)
+        limits = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
+        limits = [max(0, min(lim, self.max_len - 1 - len(p))) for lim, p in zip(limits, prompts)]
+        self.out = torch.full((self.slots, max(limits + [1]) + 1), self.pad_id, dtype=torch.long, device=self.device)
+        results: list[list[int]] = [[] for _ in range(n)]
+        queue = deque(i for i in sorted(range(n), key=lambda i: -len(prompts[i])) if limits[i] > 0)
+        owner = [-1] * self.slots
+        stats = RegenStats(prompts=n)
+        bar = tqdm(total=sum(limits), desc="regenerate", unit="tok", disable=not progress, smoothing=0.1)
+        t0 = time.perf_counter()
+        while queue or any(o >= 0 for o in owner):
+            free = [s for s in range(self.slots) if owner[s] < 0]
+            while free and queue:  # admit as many prompts as there are free slots, prefilled in groups
+                group: list[int] = [queue.popleft()]  # longest first: the group's width is its first prompt
+                while queue and len(group) < len(free) and (len(group) + 1) * len(prompts[group[0]]) <= self.prefill_tokens:
+                    group.append(queue.popleft())
+                slots = [free.pop(0) for _ in group]
+                tp = time.perf_counter()
+                self._admit(slots, [prompts[i] for i in group], [limits[i] for i in group])
+                stats.prefill_seconds += time.perf_counter() - tp
+                stats.prefill_tokens += sum(len(prompts[i]) for i in group)
+                for s, i in zip(slots, group):
+                    owner[s] = i
+            for _ in range(self.sync_every):
+                self._step()
+            stats.steps += self.sync_every
+            live, n_gen = self.live.cpu(), self.n_gen.cpu()  # the one synchronisation per `sync_every` steps
+            for s in range(self.slots):
+                if owner[s] >= 0 and not live[s]:
+                    answer = self.out[s, : int(n_gen[s])].tolist()
+                    results[owner[s]] = answer
+                    stats.new_tokens += len(answer)
+                    bar.update(len(answer))
+                    owner[s] = -1
+        bar.close()
+        stats.seconds = time.perf_counter() - t0
+        return results, stats
+
+
+# ------------------------------------------------------------------------------------------ the workflow's use
+
+
+def eos_ids_of(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+
+
+def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, temperature: float, max_length: int,
+               slots: int, seed: int, top_p: float = 1.0, sync_every: int = 8) -> tuple[pd.DataFrame, RegenStats]:
+    """Replaces each last assistant turn with the target's own answer (drafters learn the target, not the data)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    prompts = [list(map(int, ids[:pl])) for ids, pl in zip(samples["input_ids"], samples["prompt_len"])]
+    longest = max((len(p) for p in prompts), default=1)
+    engine = Engine(model, slots=max(1, min(slots, len(prompts))), max_len=min(max_length, longest + max_new_tokens) + 1,
+                    eos_ids=eos_ids_of(model, tokenizer), temperature=temperature, top_p=top_p, seed=seed,
+                    sync_every=sync_every, pad_id=pad)
+    answers, stats = engine.run(prompts, max_new_tokens)
+    log.info("regenerated %s", stats.summary())
+    new_ids, new_mask = [], []
+    for k, (p, resp) in enumerate(zip(prompts, answers)):
+        old_mask = np.asarray(samples["loss_mask"].iloc[k][: len(p)], dtype=np.uint8)
+        new_ids.append(np.asarray(p + resp, dtype=np.int32)[:max_length])
+        new_mask.append(np.concatenate([old_mask, np.ones(len(resp), dtype=np.uint8)])[:max_length])
+    out = samples.copy()
+    out["input_ids"] = new_ids
+    out["loss_mask"] = new_mask
+    out["num_tokens"] = [len(x) for x in new_ids]
+    return out, stats
+
+
+# ------------------------------------------------------------------------------------------ benchmark
+
+
+@torch.inference_mode()
+def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int = 0) -> tuple[list[list[int]], float]:
+    """Transformers' greedy `generate` on one left-padded batch (no EOS): answers and seconds."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.as_tensor(p)
+        att[r, width - len(p):] = 1
+    _sync(device)
+    t0 = time.perf_counter()
+    out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
+    _sync(device)
+    return out[:, width:].tolist(), time.perf_counter() - t0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens: int, waves: int,
+          generate_batches: list[int], generate_new_tokens: int, check_prompts: int, check_tokens: int,
+          seed: int = 0, log=print) -> dict:
+    """New tokens/s of the engine at each slot count (prompts = slots x waves, answers of fixed length: EOS off),
+    and of `generate` at the given batch sizes on the same prompts; plus a greedy agreement check of the first
+    `check_tokens` tokens against `generate` at batch 1."""
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    top = max(batch_sizes + generate_batches) * max(waves, 1)
+    prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(top)]
+    result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "waves": waves, "engine": [], "generate": []}
+
+    agree = []
+    for p in prompts[:check_prompts]:
+        ref, _ = hf_generate(model, [p], check_tokens)
+        got, _ = Engine(model, slots=1, max_len=prompt_len + check_tokens + 1, eos_ids=[]).run([p], check_tokens,
+                                                                                            progress=False)
+        same = next((i for i, (a, b) in enumerate(zip(ref[0], got[0])) if a != b), len(got[0]))
+        agree.append(same)
+    result["greedy_agreement"] = agree
+    log(f"greedy check, first {check_tokens} tokens vs generate at batch 1: tokens equal before the first "
+        f"difference per prompt {agree}")
+
+    max_len = prompt_len + new_tokens + 1
+    for b in batch_sizes:
+        engine = Engine(model, slots=b, max_len=max_len, eos_ids=[], sync_every=8)
+        engine.run(prompts[:b], 8, progress=False)  # warm-up: kernels, autotuning, allocator
+        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _, stats = engine.run(prompts[: b * waves], new_tokens, progress=False)
+        _sync(device)
+        row = {"batch": b, "new_tokens_per_s": stats.new_tokens_per_s, "seconds": stats.seconds,
+               "prefill_seconds": stats.prefill_seconds, "steps": stats.steps,
+               "cache_gb": engine.cache.nbytes() / 1e9,
+               "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
+        result["engine"].append(row)
+        log(f"engine  batch {b:4d}: {row['new_tokens_per_s']:8.0f} new tok/s ({stats.steps} steps, prefill "
+            f"{stats.prefill_seconds:.1f}s of {stats.seconds:.1f}s, cache {row['cache_gb']:.1f} GB)")
+        del engine
+    for b in generate_batches:
+        hf_generate(model, prompts[:b], 2)  # warm-up
+        _, s = hf_generate(model, prompts[:b], generate_new_tokens)
+        row = {"batch": b, "new_tokens_per_s": b * generate_new_tokens / s, "seconds": s}
+        result["generate"].append(row)
+        log(f"generate batch {b:4d}: {row['new_tokens_per_s']:8.0f} new tok/s ({generate_new_tokens} new tokens)")
+    best = max(result["engine"], key=lambda r: r["new_tokens_per_s"])
+    result["best"] = best
+    gen = {r["batch"]: r["new_tokens_per_s"] for r in result["generate"]}
+    eng = {r["batch"]: r["new_tokens_per_s"] for r in result["engine"]}
+    result["speedup_same_batch"] = {b: eng[b] / gen[b] for b in gen if b in eng}
+    log(f"best: {best['new_tokens_per_s']:.0f} new tok/s at batch {best['batch']}; engine / generate at the same "
+        f"batch: " + ", ".join(f"{b}: {x:.1f}x" for b, x in result["speedup_same_batch"].items()))
+    return result

@@ -1,0 +1,93 @@
+"""The regeneration engine against Transformers' own `generate`, on tiny real targets of both layer kinds."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import tiny_model
+
+from draftsmith.regenerate import Engine, pick, regenerate
+
+VOCAB = 448
+LENGTHS = (3, 17, 40, 8, 25, 1, 33)
+
+
+def _prompts(seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def _reference(model, prompt: list[int], max_new: int, eos: int | None) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
+                         pad_token_id=0)[0, len(prompt):].tolist()
+    return out[: out.index(eos) + 1] if eos is not None and eos in out else out
+
+
+@pytest.fixture(scope="module", params=["hybrid", "attention"])
+def model(request):
+    return tiny_model(request.param, VOCAB, layers=4)
+
+
+def test_greedy_equals_generate_with_refill_and_eos(model):
+    """Seven prompts through three slots (so slots are refilled mid-run), one EOS id that some answers hit."""
+    prompts = _prompts()
+    eos = _reference(model, prompts[0], 24, None)[6]  # a token the first answer produces: it must stop there
+    refs = [_reference(model, p, 24, eos) for p in prompts]
+    assert any(len(r) < 24 for r in refs) and any(len(r) == 24 for r in refs)
+    engine = Engine(model, slots=3, max_len=80, eos_ids=[eos], sync_every=4, prefill_tokens=64)
+    got, stats = engine.run(prompts, 24, progress=False)
+    assert got == refs
+    assert stats.new_tokens == sum(len(r) for r in refs)
+
+
+def test_answer_is_capped_by_the_cache_length(model):
+    prompts = _prompts()
+    engine = Engine(model, slots=4, max_len=30, eos_ids=[], sync_every=3)
+    got, _ = engine.run(prompts, 24, progress=False)
+    for p, answer in zip(prompts, got):
+        assert len(answer) == max(0, min(24, 30 - 1 - len(p)))
+        if answer:
+            assert answer == _reference(model, p, len(answer), None)
+
+
+def test_sampling_is_seeded_and_top_p_narrows(model):
+    prompts = _prompts(2)
+    runs = [Engine(model, slots=3, max_len=80, eos_ids=[], temperature=1.0, seed=s).run(prompts, 12, progress=False)[0]
+            for s in (0, 0, 1)]
+    assert runs[0] == runs[1]  # same seed, same answers
+    assert runs[0] != runs[2]
+    greedy = Engine(model, slots=3, max_len=80, eos_ids=[]).run(prompts, 12, progress=False)[0]
+    assert runs[0] != greedy
+    narrow = Engine(model, slots=3, max_len=80, eos_ids=[], temperature=1.0, top_p=1e-6).run(
+        prompts, 12, progress=False)[0]
+    assert narrow == greedy  # a top-p mass that small keeps only the most probable token
+
+
+def test_pick_top_p_keeps_the_smallest_prefix():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    g = torch.Generator().manual_seed(0)
+    seen = {int(pick(logits, 1.0, 0.7, g)) for _ in range(300)}
+    assert seen == {0, 1}  # 0.5 < 0.7 <= 0.8: tokens 0 and 1 only
+
+
+def test_regenerate_replaces_the_last_turn(model):
+    prompts = _prompts()
+    samples = pd.DataFrame({
+        "id": [f"s{i}" for i in range(len(prompts))],
+        "input_ids": [np.asarray(p + [7, 8, 9], dtype=np.int32) for p in prompts],
+        "loss_mask": [np.asarray([0] * len(p) + [1, 1, 1], dtype=np.uint8) for p in prompts],
+        "prompt_len": [len(p) for p in prompts],
+        "num_tokens": [len(p) + 3 for p in prompts],
+    })
+
+    class Tok:
+        pad_token_id, eos_token_id = 0, None
+
+    model.generation_config.eos_token_id = None
+    out, stats = regenerate(model, Tok(), samples, max_new_tokens=10, temperature=0.0, max_length=45, slots=4, seed=0)
+    for i, p in enumerate(prompts):
+        ids, mask = out["input_ids"][i], out["loss_mask"][i]
+        expect = (p + _reference(model, p, 10, None))[:45]
+        assert ids.tolist() == expect and out["num_tokens"][i] == len(expect)
+        assert mask.tolist() == ([0] * len(p) + [1] * (len(expect) - len(p)))[: len(expect)]
+    assert stats.prompts == len(prompts)
