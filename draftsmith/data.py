@@ -37,7 +37,7 @@ class PrepareStats:
 
     def skip(self, why: str) -> None:
         self.skipped += 1
-        key = why.split(":")[0]
+        key = why.split(" (")[0].split(":")[0]
         self.problems[key] = self.problems.get(key, 0) + 1
 
 
@@ -45,8 +45,13 @@ def iter_records(path: str, split: str = "train") -> Iterator[tuple[str, int, di
     """Yields (source, line number from 1, record or the parse error) from JSONL, Parquet or a `datasets` name."""
     p = Path(path)
     if p.suffix in (".jsonl", ".json") and p.exists():
-        with p.open() as f:
-            for i, line in enumerate(f, 1):
+        with p.open("rb") as f:  # bytes: one bad line is one bad record, not a UnicodeDecodeError for the file
+            for i, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield str(p), i, BadRecord(f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -108,9 +113,12 @@ def render(tokenizer, messages: list[dict], thinking: bool, add_generation_promp
         # base models: plain concatenation, the assistant text follows the prompt directly
         text = "".join(m["content"] for m in messages)
         return text
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=thinking
-    )
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=thinking
+        )
+    except Exception as e:  # templates raise on shapes they do not accept (jinja2 TemplateError and the like)
+        raise BadRecord(f"the chat template rejects this conversation ({type(e).__name__}: {e})") from None
 
 
 def tokenize_chat(tokenizer, messages: list[dict], thinking: bool) -> tuple[list[int], list[int], int]:
@@ -202,8 +210,26 @@ def prepare(
         if max_samples is not None and stats.samples >= max_samples:
             break
     if not rows:
-        raise BadRecord(f"{path}: no usable samples ({stats.skipped} skipped)")
+        if not stats.records:
+            raise BadRecord(f"{path}: the data set is empty (no records); check data.path")
+        raise BadRecord(f"{path}: no usable samples ({stats.skipped} of {stats.records} records skipped: "
+                        f"{stats.problems})")
     return pd.DataFrame(rows), stats
+
+
+def mask_token_uses(samples: pd.DataFrame, mask_token_id: int) -> tuple[int, str | None]:
+    """How often the drafter's mask token occurs in real data, and the first sample that has it.
+
+    The drafter marks positions to predict with this id; if real text produces it, training and serving confuse
+    real tokens with masks. A preset's id that belongs to another tokenizer is the usual cause.
+    """
+    count, first = 0, None
+    for sid, ids in zip(samples["id"], samples["input_ids"]):
+        n = int(np.count_nonzero(np.asarray(ids) == mask_token_id))
+        if n and first is None:
+            first = str(sid)
+        count += n
+    return count, first
 
 
 def assign_shards(lengths: list[int], ids: list[str], num_shards: int) -> list[int]:

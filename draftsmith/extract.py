@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import store
+from . import faults, store
 from .taps import forward_taps
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,37 @@ def make_batches(lengths: list[int] | np.ndarray, token_budget: int) -> list[lis
         batches.append([int(x) for x in order[cut[j]:j]])
         j = int(cut[j])
     return batches[::-1]
+
+
+def planned_tokens(samples: pd.DataFrame, regen: dict, max_length: int) -> int:
+    """Tokens the shard will hold: as prepared, or at most prompt + max_new_tokens each when regenerating."""
+    if not regen.get("enabled"):
+        return int(samples["num_tokens"].sum())
+    cap = samples["prompt_len"].to_numpy() + int(regen["max_new_tokens"])
+    return int(np.minimum(cap, max_length).sum())
+
+
+def check_disk_space(out_path: str | Path, tokens: int, num_samples: int, taps: int, hidden: int, storage: str) -> int:
+    """Stops before any GPU work when the shard cannot fit on its disk; returns the estimated bytes.
+
+    A shard's size is known before it is computed (tokens x taps x hidden x bytes per element, plus ids, mask and
+    offsets), so a full disk is a message at the start instead of a crash hours in.
+    """
+    need = store.shard_bytes(tokens, num_samples, taps * hidden, storage)
+    out_path = Path(out_path)
+    free = faults.free_bytes(out_path.parent)
+    stale = store.tmp_path(out_path)  # a killed attempt's partial file is replaced, so its blocks count as free
+    if stale.exists():
+        free += stale.stat().st_blocks * 512
+    if need > free:
+        per = 1 if storage == "fp8" else 2
+        raise OSError(
+            f"not enough disk space for {out_path}: it needs {need} bytes ({need / 1e9:.2f} GB = {tokens} tokens x "
+            f"{taps} taps x {hidden} hidden x {per} bytes, plus ids and index) but {out_path.parent} has {free} bytes "
+            f"({free / 1e9:.2f} GB) free; free space or point `results` at a larger disk (or use extract.storage: "
+            "fp8, half the bytes), then rerun snakemake"
+        )
+    return need
 
 
 @dataclass
@@ -402,6 +433,7 @@ def extract_samples(
         for batch in tqdm(batches, desc=f"extract {Path(out_path).stem}", unit="batch", disable=not progress,
                           mininterval=5.0):
             lens = [int(lengths[i]) for i in batch]
+            faults.check_oom(len(batch) * max(lens))
             ids, flat_idx = _host_batch(batch, lens, ids_all, pad_token_id, pin=cuda)
             # No attention mask, on purpose: with right padding every real token comes before the padding, and a
             # causal LM (attention, Gated DeltaNet recurrence and its causal conv alike) never lets a position see
@@ -446,6 +478,8 @@ def extract_samples(
             stats.samples += len(batch)
             stats.tokens += sum(lens)
             stats.padded_tokens += len(batch) * max(lens)
+            if stats.batches == 1:
+                faults.pause(f"extract:{Path(out_path).stem}")  # a drill: killed here, the file is half written
         bg.close()
         stats.gpu_busy_seconds = timer.busy_seconds()
         t_flush = time.perf_counter()

@@ -605,6 +605,40 @@ def drafter_taps(drafter_dir: str) -> list[int]:
     return [int(t) for t in cfg["dflash_config"]["target_layer_ids"]]
 
 
+def _bench_key(target_dir: str, drafter_dir: str, prompts_path: str, part: int, parts: int, bench: dict,
+               taps: list[int] | None, dataset: str) -> str:
+    """What a partial benchmark file must have been made with to be resumed (a retrained drafter starts afresh)."""
+    from pathlib import Path
+
+    from draftsmith.config import content_hash
+
+    def stamp(p: Path) -> tuple:
+        st = p.stat() if p.exists() else None
+        return (str(p), st.st_size, st.st_mtime_ns) if st else (str(p),)
+
+    d = Path(drafter_dir)
+    return content_hash(target_dir, stamp(d / "config.json"), stamp(d / "model.safetensors"),
+                        stamp(Path(prompts_path)), part, parts, bench, taps, dataset)
+
+
+def read_partial(path, key: str) -> dict[int, list[dict]]:
+    """Finished prompts of a killed run: index -> records. A torn last line (killed mid-write) is dropped."""
+    done: dict[int, list[dict]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return done
+    if not lines or lines[0] != json.dumps({"key": key}):
+        return done  # made with another drafter, config or prompt file: start afresh
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        done[int(row["index"])] = row["records"]
+    return done
+
+
 def run_bench(
     target_dir: str,
     drafter_dir: str,
@@ -618,11 +652,18 @@ def run_bench(
     gpus: int = 1,
 ) -> int:
     """Benchmarks prompts part::parts of a prompt file on one model copy (`gpus` devices from the pool); writes
-    one JSON line per record."""
+    one JSON line per record.
+
+    Each finished prompt is appended (and fsynced) to `<out>.partial`, so a killed job's rerun skips the prompts
+    it already did; the output appears, complete, by rename at the end.
+    """
+    import logging
+    import os
     from pathlib import Path
 
     from tqdm import tqdm
 
+    from draftsmith import faults
     from draftsmith.data import iter_records
     from draftsmith.drafter import load_block_drafter
     from draftsmith.extract import load_target
@@ -635,25 +676,44 @@ def run_bench(
     mine = records[part::parts]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with acquire(gpus if mine else 0) as devices:
-        target, tokenizer, device = load_target(target_dir, devices)
-        drafter = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
-        if bench.get("block_size"):
-            drafter = ShorterBlock(drafter, int(bench["block_size"]))
-        taps = taps or drafter_taps(drafter_dir)
-        stops = tokenizer.eos_token_id
-        stop_ids = [] if stops is None else ([stops] if isinstance(stops, int) else list(stops))
-        thinking = bool(bench.get("thinking", False))
-        rows = []
-        for w in range(int(bench.get("warmup", 1)) if mine else 0):  # compile kernels, warm allocators
-            bench_prompt(
-                target, drafter, prompt_ids_of(mine[0], tokenizer, thinking), taps, bench, stop_ids, w
-            )
-        for i, rec in enumerate(tqdm(mine, desc=f"bench {dataset} part {part}", unit="prompt")):
+    partial = out.with_name(out.name + ".partial")
+    key = _bench_key(target_dir, drafter_dir, prompts_path, part, parts, bench, taps, dataset)
+    done = {i: r for i, r in read_partial(partial, key).items() if i < len(mine)}
+    if done:
+        logging.getLogger(__name__).info("resuming: %d of %d prompts already benchmarked in %s", len(done),
+                                         len(mine), partial)
+    tmp = partial.with_name(partial.name + ".tmp")  # the partial file rewritten without a torn line
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in
+                           [{"key": key}] + [{"index": i, "records": r} for i, r in sorted(done.items())]))
+    os.replace(tmp, partial)
+    todo = [i for i in range(len(mine)) if i not in done]
+    with acquire(gpus if todo else 0) as devices, partial.open("a") as log_f:
+        if todo:
+            target, tokenizer, device = load_target(target_dir, devices)
+            drafter = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
+            if bench.get("block_size"):
+                drafter = ShorterBlock(drafter, int(bench["block_size"]))
+            taps = taps or drafter_taps(drafter_dir)
+            stops = tokenizer.eos_token_id
+            stop_ids = [] if stops is None else ([stops] if isinstance(stops, int) else list(stops))
+            thinking = bool(bench.get("thinking", False))
+            for w in range(int(bench.get("warmup", 1))):  # compile kernels, warm allocators
+                bench_prompt(
+                    target, drafter, prompt_ids_of(mine[todo[0]], tokenizer, thinking), taps, bench, stop_ids, w
+                )
+        for n, i in enumerate(tqdm(todo, desc=f"bench {dataset} part {part}", unit="prompt"), 1):
+            rec = mine[i]
             ids = prompt_ids_of(rec, tokenizer, thinking)
-            for r in bench_prompt(target, drafter, ids, taps, bench, stop_ids, seed=part + i * parts):
-                rows.append({"dataset": dataset, "id": str(rec.get("id", part + i * parts)), **r})
-    tmp = out.with_suffix(".tmp")
+            rows = [{"dataset": dataset, "id": str(rec.get("id", part + i * parts)), **r}
+                    for r in bench_prompt(target, drafter, ids, taps, bench, stop_ids, seed=part + i * parts)]
+            done[i] = rows
+            log_f.write(json.dumps({"index": i, "records": rows}) + "\n")
+            log_f.flush()
+            os.fsync(log_f.fileno())
+            faults.pause(f"bench:{n}")  # a drill: killed here, the rerun starts at the next prompt
+    rows = [r for i in sorted(done) for r in done[i]]
+    tmp = out.with_name(out.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.rename(out)
+    os.replace(tmp, out)
+    partial.unlink()
     return len(rows)

@@ -74,6 +74,13 @@ def decode(hidden: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype 
     return dequantize_fp8(hidden, scale, dtype) if scale is not None else hidden.to(dtype)
 
 
+def shard_bytes(tokens: int, num_samples: int, width: int, storage: str = "bf16") -> int:
+    """Bytes of a shard file's tensors (the header adds a few hundred): what the disk-space preflight needs."""
+    hidden = tokens * width * (1 if storage == "fp8" else 2)
+    scales = tokens * 4 if storage == "fp8" else 0
+    return hidden + scales + tokens * (4 + 1) + (num_samples + 1) * 8
+
+
 def tmp_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 

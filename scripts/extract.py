@@ -2,10 +2,12 @@
 
 import argparse
 import logging
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from draftsmith import data, extract, gpu_pool, store
 from draftsmith.cli import json_arg, set_threads, setup_logging
@@ -30,13 +32,21 @@ set_threads(args.threads)
 tcfg, dcfg, tapcfg, ecfg = (json_arg(x) for x in (args.target_json, args.data_json, args.taps_json, args.extract_json))
 plan = store.read_json(args.probe)
 samples = data.read_samples(args.shard)
+regen = dcfg.get("regenerate") or {}
+try:  # before any GPU work: a full disk is a message now, not a crash hours in
+    need = extract.check_disk_space(args.out, extract.planned_tokens(samples, regen, int(dcfg["max_length"])),
+                                    len(samples), len(plan["target"]["taps"]), int(plan["target"]["hidden_size"]),
+                                    ecfg.get("storage", "bf16"))
+except OSError as e:
+    logging.error("%s", e)
+    sys.exit(f"extract: {e}")
+logging.info("disk: the shard needs about %.3f GB", need / 1e9)
 with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
     model, tok, device = extract.load_target(args.target, devices, tcfg.get("dtype", "auto"), tcfg.get("revision"),
                                              tcfg.get("trust_remote_code", False))
     kernels = extract.report_kernels(model)
     cfg = model.config.get_text_config()
     taps = resolve_taps(cfg.num_hidden_layers, tapcfg)
-    regen = dcfg.get("regenerate") or {}
     regen_stats = None
     if regen.get("enabled"):
         samples, regen_stats = regenerate(model, tok, samples, int(regen["max_new_tokens"]),
@@ -47,7 +57,14 @@ with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
     logging.info("shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s", args.shard, len(samples),
                  int(samples["num_tokens"].sum()), taps, budget, devices or "cpu")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    checksum, stats = extract.extract_samples(model, samples, taps, args.out, budget, ecfg.get("storage", "bf16"), pad)
+    try:
+        checksum, stats = extract.extract_samples(model, samples, taps, args.out, budget, ecfg.get("storage", "bf16"),
+                                                  pad)
+    except torch.OutOfMemoryError as e:
+        msg = (f"extract: out of memory at token budget {budget} ({e}); the partial shard was removed. Snakemake "
+               f"retries the job once with half the budget; if that fails too, set extract.token_budget below {budget}")
+        logging.error("%s", msg)
+        sys.exit(msg)
 manifest = {
     "format": "draftsmith-shard-v1",
     "file": Path(args.out).name,

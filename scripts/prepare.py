@@ -15,6 +15,8 @@ p.add_argument("--data", required=True, help="JSONL/Parquet path or a `datasets`
 p.add_argument("--data-json", required=True, help="the config's `data` section")
 p.add_argument("--out", required=True, help="samples.parquet")
 p.add_argument("--stats", required=True, help="stats.json")
+p.add_argument("--mask-token-id", type=int, default=None, help="the configured drafter mask token, if any")
+p.add_argument("--mask-key", default="target.mask_token_id", help="the config key it comes from (for the message)")
 args = p.parse_args()
 setup_logging()
 cfg = json_arg(args.data_json)
@@ -26,7 +28,19 @@ try:
     )
 except data.BadRecord as e:
     raise SystemExit(f"prepare: bad input: {e}") from None
-logging.info("prepared %d samples (%d tokens, %d truncated, %d skipped)", stats.samples, stats.tokens,
-             stats.truncated, stats.skipped)
+logging.info("prepared %d samples (%d tokens, %d truncated to data.max_length, %d skipped)", stats.samples,
+             stats.tokens, stats.truncated, stats.skipped)
+if stats.skipped:
+    logging.warning("skipped %d of %d records (data.on_bad_record: skip): %s", stats.skipped, stats.records,
+                    ", ".join(f"{k}: {v}" for k, v in sorted(stats.problems.items())))
+if args.mask_token_id is not None:
+    uses, first = data.mask_token_uses(samples, args.mask_token_id)
+    if uses:
+        raise SystemExit(
+            f"prepare: {args.mask_key} = {args.mask_token_id} is a token the data uses "
+            f"({tok.convert_ids_to_tokens(args.mask_token_id)!r}, {uses} times, first in sample {first}); the "
+            "drafter's mask token must be an id real text never produces. Set it to an unused id of this "
+            "tokenizer, or to null (target) / auto (drafter) to pick a free row of the padded vocabulary"
+        )
 data.write_parquet(samples, args.out)
 store.write_json(args.stats, vars(stats))

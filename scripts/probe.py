@@ -3,7 +3,7 @@
 import argparse
 import logging
 
-from draftsmith import probe, store
+from draftsmith import preflight, probe, store
 from draftsmith.cli import json_arg, setup_logging
 from draftsmith.config import resolve_taps, text_config
 
@@ -13,11 +13,17 @@ p.add_argument("--revision", default=None)
 p.add_argument("--extract-json", required=True, help="the config's `extract` section")
 p.add_argument("--taps-json", required=True, help="the config's `taps` section")
 p.add_argument("--max-length", type=int, required=True)
+p.add_argument("--preflight-json", default=None, help="target, taps and drafter.mask_token_id, checked here")
 p.add_argument("--out", required=True)
 args = p.parse_args()
 setup_logging()
 ext, taps_cfg = json_arg(args.extract_json), json_arg(args.taps_json)
-cfg = text_config(args.target, args.revision)
+try:
+    cfg = text_config(args.target, args.revision)
+except FileNotFoundError as e:
+    raise SystemExit(f"probe: {e}") from None
+if args.preflight_json and (problems := preflight.target_problems(json_arg(args.preflight_json), cfg)):
+    raise SystemExit(preflight.report(problems))
 taps = resolve_taps(cfg["num_hidden_layers"], taps_cfg)
 gpus = probe.gpu_info()
 weights, source = probe.target_bytes(args.target, args.revision)

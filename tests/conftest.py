@@ -1,12 +1,20 @@
-"""Shared fixtures: tiny real targets (Hugging Face models built from configs, random weights, a real tokenizer)."""
+"""Shared fixtures: tiny real targets (Hugging Face models built from configs, random weights, a real tokenizer),
+and the helpers that run the workflow through the Snakemake CLI on them."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(2)
@@ -55,3 +63,42 @@ def hybrid_target(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="session")
 def attention_target(tmp_path_factory, tokenizer):
     return build_target(tmp_path_factory.mktemp("attention"), tokenizer, "attention")
+
+
+def snakemake(*args, check: bool = True, env: dict | None = None, cores: int = 2) -> subprocess.CompletedProcess:
+    """The Snakemake CLI in the repository (its workflow profile included), as a user runs it."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", str(cores), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def job_counts(snakemake_output: str) -> dict[str, int]:
+    """The `Job stats` table Snakemake prints before it runs (or dry-runs) anything: rule -> jobs."""
+    counts: dict[str, int] = {}
+    for line in snakemake_output.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
+            counts.setdefault(parts[0], int(parts[1]))
+    return counts
+
+
+def make_workflow(root: Path, tokenizer, records: int = 24, **sections) -> Path:
+    """A tiny hybrid target, `records` prompt/response records of demo text and a config.yaml using them."""
+    from draftsmith import demo
+
+    build_target(root / "target", tokenizer, "hybrid", layers=8, hidden=32)
+    texts = [demo.read_text(p) for p in demo.split_files()[0][:records]]
+    with open(root / "data.jsonl", "w") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({"id": f"r{i}", "prompt": t[:120], "response": t[120:200 + 8 * i]}) + "\n")
+    cfg = {"results": str(root / "results"), "target": {"model": str(root / "target")},
+           "data": {"path": str(root / "data.jsonl"), "max_length": 128}, **sections}
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return root / "config.yaml"

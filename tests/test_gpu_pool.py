@@ -55,6 +55,7 @@ def test_killed_job_frees_its_devices(tmp_path):
     assert gpu_pool.try_acquire(1, [0, 1], tmp_path) is None  # both held
     os.kill(p.pid, signal.SIGKILL)
     p.join(10)
+    assert (tmp_path / "gpu0.lock").read_text() == f"{p.pid}\n"  # the lock file stays behind, naming the dead job
     with gpu_pool.acquire(2, devices=[0, 1], pool_dir=tmp_path, timeout=10) as got:
         assert got == [0, 1]
 

@@ -1,47 +1,18 @@
 """The workflow through the Snakemake CLI: reruns recompute only what is missing or broken; bad configs fail
 with the key named. Real jobs, real files, a tiny real target."""
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import build_target
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def snakemake(*args, check=True):
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+from conftest import digest, make_workflow, snakemake
 
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("wf")
-    build_target(root / "target", tokenizer, "hybrid", layers=8, hidden=32)
-    from draftsmith import demo
-
-    texts = [demo.read_text(p) for p in demo.split_files()[0][:24]]
-    with open(root / "data.jsonl", "w") as f:
-        for i, t in enumerate(texts):
-            f.write(json.dumps({"id": f"r{i}", "prompt": t[:120], "response": t[120:200 + 8 * i]}) + "\n")
-    cfg = {"results": str(root / "results"), "target": {"model": str(root / "target")},
-           "data": {"path": str(root / "data.jsonl"), "max_length": 128},
-           "extract": {"shards": 3, "validate_samples": 2}}
-    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    make_workflow(root, tokenizer, extract={"shards": 3, "validate_samples": 2})
     return root
 
 

@@ -3,11 +3,16 @@ import os
 import shlex
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from draftsmith import preflight
 from draftsmith.gpu_pool import visible_gpus
 
 validate(config, schema="../schemas/config.schema.yaml")
+# values wrong for this target (tap layers, mask token, a preset for another model), before any job runs
+if problems := preflight.check(config):
+    raise WorkflowError(preflight.report(problems))
 
 
 RESULTS = config["results"]
@@ -86,6 +91,25 @@ def cpu_threads():
 def train_gpus():
     """DDP over train.gpus devices, or the CPU when there are none."""
     return min(int(config["train"]["gpus"]), len(GPUS))
+
+
+def preflight_json():
+    """What the probe checks against a hub target's config.json (local targets are checked at parse time)."""
+    keys = {
+        "target": config["target"],
+        "taps": config["taps"],
+        "drafter": {"mask_token_id": config["drafter"]["mask_token_id"]},
+    }
+    return shlex.quote(json.dumps(keys, sort_keys=True))
+
+
+def mask_check_args():
+    """The configured mask token, which prepare refuses if the tokenized data uses it."""
+    for key in ("drafter", "target"):
+        mask = config[key].get("mask_token_id")
+        if isinstance(mask, int):
+            return f"--mask-token-id {mask} --mask-key {key}.mask_token_id"
+    return ""
 
 
 def preset_mask_arg():

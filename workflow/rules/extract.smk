@@ -12,9 +12,11 @@ rule probe:
         extract=as_json("extract"),
         taps=as_json("taps"),
         max_length=config["data"]["max_length"],
+        preflight=preflight_json(),
     shell:
         "python scripts/probe.py --target {params.target} --extract-json {params.extract}"
-        " --taps-json {params.taps} --max-length {params.max_length} --out {output.json} > {log} 2>&1"
+        " --taps-json {params.taps} --max-length {params.max_length} --preflight-json {params.preflight}"
+        " --out {output.json} > {log} 2>&1"
 
 
 rule prepare:
@@ -32,9 +34,10 @@ rule prepare:
         target=target_path(),
         data=data_path(),
         cfg=as_json("data"),
+        mask=mask_check_args(),
     shell:
         "python scripts/prepare.py --target {params.target} --data {params.data} --data-json {params.cfg}"
-        " --out {output.samples} --stats {output.stats} > {log} 2>&1"
+        " {params.mask} --out {output.samples} --stats {output.stats} > {log} 2>&1"
 
 
 rule shard:
@@ -62,6 +65,8 @@ rule extract:
         f"{RESULTS}/logs/extract/{{shard}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/extract/{{shard}}.tsv"
+    # out of memory: one more attempt with half the token budget (budget_div = 2 ** (attempt - 1))
+    retries: 1
     conda:
         "../../envs/gpu.yaml"
     threads: cpu_threads()
