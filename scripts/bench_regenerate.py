@@ -26,6 +26,7 @@ if __name__ == "__main__":
     p.add_argument("--generate-new-tokens", type=int, default=64)
     p.add_argument("--check-prompts", type=int, default=4)
     p.add_argument("--check-tokens", type=int, default=32)
+    p.add_argument("--cuda-graph", action="store_true", help="also time the engine with its step as a CUDA graph")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -40,7 +41,8 @@ if __name__ == "__main__":
     sizes = [int(x) for x in a.batch_sizes.split(",")]
     gen = [int(x) for x in a.generate_batches.split(",") if x]
     r = regenerate.bench(model, model.config.get_text_config().vocab_size, sizes, a.prompt_len, a.new_tokens,
-                         a.waves, gen, a.generate_new_tokens, a.check_prompts, a.check_tokens)
+                         a.waves, gen, a.generate_new_tokens, a.check_prompts, a.check_tokens,
+                         (False, True) if a.cuda_graph else (False,))
     if a.json_out:
         Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json_out).write_text(json.dumps(r, indent=2) + "\n")

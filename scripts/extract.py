@@ -52,7 +52,8 @@ with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
         samples, regen_stats = regenerate(model, tok, samples, int(regen["max_new_tokens"]),
                                           float(regen["temperature"]), int(dcfg["max_length"]),
                                           int(regen.get("batch_size", 64)), int(regen.get("seed", 0)),
-                                          float(regen.get("top_p", 1.0)), int(regen.get("sync_every", 8)))
+                                          float(regen.get("top_p", 1.0)), int(regen.get("sync_every", 8)),
+                                          bool(regen.get("cuda_graph", False)))
     budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))
     logging.info("shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s", args.shard, len(samples),
                  int(samples["num_tokens"].sum()), taps, budget, devices or "cpu")

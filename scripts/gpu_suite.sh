@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh extract1|spec|train|extract2|demo|workflow27b ...
+#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|spec|demo|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -45,6 +45,10 @@ for phase in "$@"; do
         ;;
     profile)  # top CUDA kernels of the bare forward; torch vs fla short convolution
         CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_extract.py --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"
+        ;;
+    regen)  # regeneration engine vs generate, 27B shape; eager and CUDA-graph decode steps
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-32,64,128,256} \
+            --new-tokens ${REGEN_NEW:-128} --cuda-graph --json-out "$OUT/regen.json" 2>&1 | grep -v Warning | tee "$OUT/regen.log"
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}

@@ -98,7 +98,7 @@ def test_sigkill_mid_write_reruns_only_that_shard_and_merges_identically(ref):
     assert seen["partial_size"] > 0 and not seen["final_while_paused"]
     assert seen["first_rc"] == 0, seen["first_out"][-3000:]
     assert seen["first_out"].count("Trying to restart job") == 1  # only the killed job ran again
-    assert "Nothing to be done" in seen["dry"]
+    assert "Nothing to be done" in seen["dry"], seen["dry"][-2500:]
     assert seen["leftovers"] == []
     counts = job_counts(seen["recompute"])
     assert counts.get("extract") == 1 and counts.get("validate") == 1, seen["recompute"][-2000:]
