@@ -273,7 +273,7 @@ class Engine:
         """Every prompt's answer (ending with an EOS token when one was produced), in input order."""
         n = len(prompts)
         limits = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
-        limits = [max(0, min(lim, self.max_len - 1 - len(p))) for lim, p in zip(limits, prompts)]
+        limits = [max(0, min(lim, self.max_len - 1 - len(p))) if p else 0 for lim, p in zip(limits, prompts)]
         results: list[list[int]] = [[] for _ in range(n)]
         queue = deque(i for i in sorted(range(n), key=lambda i: -len(prompts[i])) if limits[i] > 0)
         owner = [-1] * self.slots
