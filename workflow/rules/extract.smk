@@ -7,6 +7,8 @@ rule probe:
         f"{RESULTS}/logs/probe.log",
     conda:
         "../../envs/draftsmith.yaml"
+    resources:
+        gpu=NODE_GPUS,  # a whole node: the probe sizes GPU groups for copies that do not fit one GPU
     params:
         target=target_path(),
         extract=as_json("extract"),
