@@ -3,7 +3,7 @@
 A single-host cluster from Debian's packages (munge, slurmctld, slurmd; no GPUs, no accounting database) is
 started for this module in a temporary folder, on free ports, and torn down afterwards. The demo DAG up to the
 merged dataset is submitted with the real profile (site settings overridden the way a user would: partition,
-memory that fits this host, squeue for status since there is no slurmdbd) and must give the same merged dataset,
+CPUs and memory that fit this host, squeue for status since there is no slurmdbd) and must give the same merged dataset,
 byte for byte, as a local run. `make slurm-deps` installs the packages (CI calls it); without them, or without
 root, the test is skipped, unless DRAFTSMITH_REQUIRE_SLURM=1 (CI) turns that into a failure.
 """
@@ -185,9 +185,11 @@ def test_profile_runs_the_workflow_on_slurm(slurm, tmp_path, tokenizer):
     profile = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
     assert profile["executor"] == "slurm"
     profile["default-resources"].update(slurm_partition=PARTITION, mem_mb=1000)
-    for res in profile["set-resources"].values():
+    for res in profile["set-resources"].values():  # what this 2-core host has, not a GPU node
         if "mem_mb" in res:
-            res["mem_mb"] = 1000  # this host's RealMemory, not a GPU node's
+            res["mem_mb"] = 1000
+        if "cpus_per_task" in res:
+            res["cpus_per_task"] = 1
     profile.update({
         "slurm-status-command": "squeue",  # no slurmdbd here, so no sacct
         "slurm-init-seconds-before-status-checks": 2,
