@@ -8,6 +8,7 @@ byte for byte, as a local run. `make slurm-deps` installs the packages (CI calls
 root, the test is skipped, unless DRAFTSMITH_REQUIRE_SLURM=1 (CI) turns that into a failure.
 """
 
+import getpass
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import yaml
 from conftest import build_target
 
 REPO = Path(__file__).resolve().parents[1]
-DAEMONS = ["munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "scontrol"]
+DAEMONS = ["munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol"]
 PARTITION = "debug"
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,7 @@ def _slurm_conf(root: Path, host: str, node_line: str) -> str:
         "MinJobAge=600",  # squeue remembers finished jobs this long: the plugin's status command without sacct
         "SlurmctldTimeout=30",
         "SlurmdTimeout=30",
-        f"{node_line} State=UNKNOWN",
+        f"{node_line} NodeAddr=127.0.0.1 State=UNKNOWN",  # whether or not the host name resolves
         f"PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP",
         "",
     ])
@@ -135,9 +136,24 @@ def slurm(tmp_path_factory):
         assert state == "idle", f"the node did not come up (sinfo: {state!r})\n{_logs(root)}"
         yield env
     finally:
-        _run(["scontrol", "shutdown"], env)  # slurmctld and slurmd, with the jobs they still run
+        if (root / "slurm.conf").exists():
+            try:
+                _cancel_jobs(env)  # a failed or timed-out run leaves jobs that would outlive slurmd
+                _run(["scontrol", "shutdown"], env)  # slurmctld and slurmd
+            except subprocess.TimeoutExpired:
+                pass  # the controller is not answering: its pid file below
         for pidfile in reversed(started):
             _stop(pidfile)
+
+
+def _cancel_jobs(env, wait: float = 30) -> None:
+    """Cancel this cluster's queued and running jobs and wait until they are gone."""
+    _run(["scancel", "--user", getpass.getuser()], env)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if not _run(["squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING"], env).stdout.strip():
+            return
+        time.sleep(0.5)
 
 
 def _stop(pidfile: Path, wait: float = 20) -> None:
