@@ -26,7 +26,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-
 def default_pool_dir() -> Path:
     """DRAFTSMITH_GPU_POOL if set; in a SLURM job a node-local folder of that job; else .snakemake/gpu_pool."""
     if os.environ.get("DRAFTSMITH_GPU_POOL"):

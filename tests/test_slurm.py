@@ -217,7 +217,9 @@ def test_profile_runs_the_workflow_on_slurm(slurm, tmp_path, tokenizer):
     (tmp_path / "profile").mkdir()
     (tmp_path / "profile/config.yaml").write_text(yaml.safe_dump(profile))
 
+    start = time.monotonic()
     local = snakemake("--cores", "2", "dataset", "--configfile", str(configs["local"]), env=slurm)
+    local_s = time.monotonic() - start
     start = time.monotonic()
     run = snakemake("--profile", str(tmp_path / "profile"), "dataset", "--configfile", str(configs["slurm"]),
                     env=slurm)
@@ -241,4 +243,4 @@ def test_profile_runs_the_workflow_on_slurm(slurm, tmp_path, tokenizer):
     for s in range(3):
         a, b = (json.loads((tmp_path / w / f"extract/shard00{s}.json").read_text()) for w in ("local", "slurm"))
         assert a["sample_ids"] == b["sample_ids"] and a["checksum"] == b["checksum"]
-    print(f"SLURM run: {elapsed:.0f} s for {len(jobs)} jobs")
+    print(f"local run {local_s:.0f} s; SLURM run {elapsed:.0f} s for {len(jobs)} jobs")

@@ -94,6 +94,13 @@ def train_gpus():
     return min(int(config["train"]["gpus"]), NODE_GPUS)
 
 
+def probe_gpus():
+    """With `node_gpus` set (jobs go to other nodes), the probe job asks for a whole node: it sizes GPU groups
+    for targets that do not fit one GPU. Run where it is, it reads this machine's GPUs and holds none.
+    """
+    return NODE_GPUS if config["node_gpus"] is not None else 0
+
+
 def preset_mask_arg():
     mask = config["target"].get("mask_token_id")
     return "" if mask is None else f"--preset-mask-token-id {int(mask)}"

@@ -8,7 +8,7 @@ rule probe:
     conda:
         "../../envs/draftsmith.yaml"
     resources:
-        gpu=NODE_GPUS,  # a whole node: the probe sizes GPU groups for copies that do not fit one GPU
+        gpu=probe_gpus(),
     params:
         target=target_path(),
         extract=as_json("extract"),
