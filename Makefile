@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 
-.PHONY: setup demo demo-fp8 test lint clean
+.PHONY: setup slurm-deps demo demo-fp8 test lint clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,21 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 	touch $@
 
 setup: $(VENV)/.installed
+
+# Debian's SLURM and munge for tests/test_slurm.py, which starts a one-host cluster from them (CI calls this).
+# Installs only as root with apt; elsewhere it says so and the test skips.
+SLURM_BINS := munged slurmctld slurmd sbatch srun squeue sinfo scontrol
+slurm-deps:
+	@if (for b in $(SLURM_BINS); do command -v $$b >/dev/null || exit 1; done); then \
+		echo "slurm-deps: SLURM and munge are installed"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		export DEBIAN_FRONTEND=noninteractive; PKGS="slurmd slurmctld slurm-client munge"; \
+		apt-get install -y -q --no-install-recommends $$PKGS || \
+		{ apt-get update -q && apt-get install -y -q --no-install-recommends $$PKGS; }; \
+	else \
+		echo "slurm-deps: SLURM is missing and cannot be installed here (needs root and apt-get);" \
+		     "tests/test_slurm.py will be skipped"; \
+	fi
 
 demo: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES)

@@ -4,6 +4,11 @@ Snakemake's `resources: gpu=N` only counts: it never says *which* devices a job 
 devices itself: one lock file per device, held with `flock`. The kernel drops a flock when its process dies, so a
 killed or crashed job frees its devices at once and there is no stale state to clean up. Two jobs can never hold
 the same device, whatever the scheduler does.
+
+Inside a SLURM job the pool is the devices SLURM granted the job (its CUDA_VISIBLE_DEVICES, none if it set none),
+and the lock files live on the node's local disk, one folder per job: SLURM already keeps jobs apart, so the pool
+only has to split a job's devices between the shards grouped into it. A pool on the shared filesystem would make
+device 0 of one node wait for device 0 of another (flock is cluster-wide over NFS).
 """
 
 from __future__ import annotations
@@ -20,18 +25,30 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POOL_DIR = Path(os.environ.get("DRAFTSMITH_GPU_POOL", ".snakemake/gpu_pool"))
+
+def default_pool_dir() -> Path:
+    """DRAFTSMITH_GPU_POOL if set; in a SLURM job a node-local folder of that job; else .snakemake/gpu_pool."""
+    if os.environ.get("DRAFTSMITH_GPU_POOL"):
+        return Path(os.environ["DRAFTSMITH_GPU_POOL"])
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        return Path(os.environ.get("TMPDIR") or "/tmp") / f"draftsmith-gpu-pool-{job}"
+    return Path(".snakemake/gpu_pool")
 
 
 def visible_gpus() -> list[int]:
-    """Physical GPU indices this process may use: CUDA_VISIBLE_DEVICES if set, else every GPU nvidia-smi lists.
+    """GPU indices this process may use: DRAFTSMITH_GPUS, else CUDA_VISIBLE_DEVICES, else (outside SLURM jobs)
+    every GPU nvidia-smi lists.
 
     Read without importing torch (probing must be cheap, and a parent must not initialise CUDA before it hands
-    devices to children).
+    devices to children). A SLURM job that set no CUDA_VISIBLE_DEVICES was granted no GPU: nvidia-smi there would
+    list devices that belong to other jobs on the node.
     """
     env = os.environ.get("DRAFTSMITH_GPUS")  # an explicit pool, e.g. "0,1,2,3", wins over detection
     if env is None:
         env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None and os.environ.get("SLURM_JOB_ID"):
+        env = ""
     if env is not None:
         return [int(x) for x in env.split(",") if x.strip() not in ("", "-1")]
     if shutil.which("nvidia-smi") is None:
@@ -99,7 +116,7 @@ def acquire(
     With no GPU (or n == 0) it yields [] and hides CUDA, so the job runs on the CPU.
     """
     devices = visible_gpus() if devices is None else devices
-    pool = Path(pool_dir) if pool_dir is not None else DEFAULT_POOL_DIR
+    pool = Path(pool_dir) if pool_dir is not None else default_pool_dir()
     if n <= 0 or not devices:
         if set_env:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""

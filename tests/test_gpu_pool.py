@@ -65,3 +65,39 @@ def test_no_gpu_means_cpu_and_too_many_is_an_error(tmp_path):
         assert got == [] and os.environ["CUDA_VISIBLE_DEVICES"] == ""
     with pytest.raises(RuntimeError, match="needs 3 GPUs"), gpu_pool.acquire(3, devices=[0, 1], pool_dir=tmp_path):
         pass
+
+
+HOLD = """
+import json, sys, time
+from draftsmith import gpu_pool
+with gpu_pool.acquire(1, poll=0.01) as got:
+    print(json.dumps({"devices": got, "pool": str(gpu_pool.default_pool_dir())}), flush=True)
+    time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_inside_a_slurm_job_the_pool_splits_the_granted_devices(tmp_path):
+    """Two shards grouped into one SLURM job that was granted devices 2,3 (SLURM's CUDA_VISIBLE_DEVICES): each
+    takes one of them, from a node-local pool of that job."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SLURM_JOB_ID="4242", CUDA_VISIBLE_DEVICES="2,3", TMPDIR=str(tmp_path))
+    env.pop("DRAFTSMITH_GPUS", None)
+    env.pop("DRAFTSMITH_GPU_POOL", None)
+    procs = [subprocess.Popen([sys.executable, "-c", HOLD, "1.0"], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    rows = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(d for r in rows for d in r["devices"]) == [2, 3]
+    assert {r["pool"] for r in rows} == {str(tmp_path / "draftsmith-gpu-pool-4242")}
+
+
+def test_a_slurm_job_without_gpus_sees_none(monkeypatch):
+    """SLURM sets no CUDA_VISIBLE_DEVICES for a job granted no GPU; the node's other GPUs are not ours."""
+    for var in ("DRAFTSMITH_GPUS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert gpu_pool.visible_gpus() == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert gpu_pool.visible_gpus() == [0, 1]

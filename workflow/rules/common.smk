@@ -16,7 +16,11 @@ if problems := preflight.check(config):
 
 
 RESULTS = config["results"]
-GPUS = visible_gpus()  # detected once per parse (nvidia-smi), not per helper call
+# GPUs of one node, fixed when the DAG is built: detected once per parse (nvidia-smi), or `node_gpus` when
+# snakemake runs on a login node and the jobs on GPU nodes (SLURM). Jobs take their devices from the pool.
+NODE_GPUS = (
+    len(visible_gpus()) if config.get("node_gpus") is None else int(config["node_gpus"])
+)
 DEMO = config["target"]["model"] == "demo"
 
 
@@ -65,7 +69,7 @@ def num_shards():
     ext = config["extract"]
     if ext["shards"] != "auto":
         return int(ext["shards"])
-    slots = len(GPUS) or int(ext["cpu_slots"])
+    slots = NODE_GPUS or int(ext["cpu_slots"])
     return slots * int(ext["shards_per_slot"])
 
 
@@ -84,13 +88,22 @@ def extract_gpus(wildcards, input):
 def cpu_threads():
     """CPU jobs split the cores between the extraction slots."""
     return (
-        max(1, workflow.cores // int(config["extract"]["cpu_slots"])) if not GPUS else 2
+        max(1, workflow.cores // int(config["extract"]["cpu_slots"]))
+        if not NODE_GPUS
+        else 2
     )
 
 
 def train_gpus():
     """DDP over train.gpus devices, or the CPU when there are none."""
-    return min(int(config["train"]["gpus"]), len(GPUS))
+    return min(int(config["train"]["gpus"]), NODE_GPUS)
+
+
+def probe_gpus():
+    """With `node_gpus` set (jobs go to other nodes), the probe job asks for a whole node: it sizes GPU groups
+    for targets that do not fit one GPU. Run where it is, it reads this machine's GPUs and holds none.
+    """
+    return NODE_GPUS if config["node_gpus"] is not None else 0
 
 
 def preflight_json():
@@ -132,7 +145,7 @@ def bench_parts():
     parts = config["bench"]["parts"]
     if parts != "auto":
         return int(parts)
-    return len(GPUS) or int(config["extract"]["cpu_slots"])
+    return NODE_GPUS or int(config["extract"]["cpu_slots"])
 
 
 BENCH_PARTS = bench_parts()

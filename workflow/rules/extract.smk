@@ -7,6 +7,8 @@ rule probe:
         f"{RESULTS}/logs/probe.log",
     conda:
         "../../envs/draftsmith.yaml"
+    resources:
+        gpu=probe_gpus(),
     params:
         target=target_path(),
         extract=as_json("extract"),
