@@ -77,6 +77,16 @@ class SlotCache:
     def update_recurrent_state(self, state: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
         return self.layers[layer_idx].recurrent_states[state_idx].copy_(state)
 
+    # newer Transformers (5.2x) read the states through accessors instead of `layers[i]`
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor:
+        return self.layers[layer_idx].conv_states[state_idx]
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor:
+        return self.layers[layer_idx].recurrent_states[state_idx]
+
+    def is_recording_past(self, layer_idx: int | None = None) -> bool:
+        return False
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always passed explicitly
 
