@@ -117,6 +117,12 @@ def load_target(path: str, devices: list[int], dtype: str = "auto", revision: st
     return model, tok, device
 
 
+def load_configured_target(path: str, devices: list[int], target_cfg: dict):
+    """`load_target` with the config's `target` options, so every job loads the target the same way."""
+    return load_target(path, devices, target_cfg.get("dtype", "auto"), target_cfg.get("revision"),
+                       bool(target_cfg.get("trust_remote_code", False)))
+
+
 def make_batches(lengths: list[int] | np.ndarray, token_budget: int) -> list[list[int]]:
     """Length-sorted batches whose padded size (rows x longest) stays within the token budget.
 

@@ -650,6 +650,7 @@ def run_bench(
     taps: list[int] | None = None,
     dataset: str | None = None,
     gpus: int = 1,
+    target_cfg: dict | None = None,
 ) -> int:
     """Benchmarks prompts part::parts of a prompt file on one model copy (`gpus` devices from the pool); writes
     one JSON line per record.
@@ -666,7 +667,7 @@ def run_bench(
     from draftsmith import faults
     from draftsmith.data import iter_records
     from draftsmith.drafter import load_block_drafter
-    from draftsmith.extract import load_target
+    from draftsmith.extract import load_configured_target
     from draftsmith.gpu_pool import acquire
 
     dataset = dataset or Path(prompts_path).stem
@@ -689,7 +690,7 @@ def run_bench(
     todo = [i for i in range(len(mine)) if i not in done]
     with acquire(gpus if todo else 0) as devices, partial.open("a") as log_f:
         if todo:
-            target, tokenizer, device = load_target(target_dir, devices)
+            target, tokenizer, device = load_configured_target(target_dir, devices, target_cfg or {})
             drafter = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
             if bench.get("block_size"):
                 drafter = ShorterBlock(drafter, int(bench["block_size"]))

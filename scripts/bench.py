@@ -19,13 +19,15 @@ def main() -> None:
     ap.add_argument("--bench-json", default="{}", help="the config's bench section as JSON")
     ap.add_argument("--taps-json", default=None, help="tap layer ids as JSON (default: the drafter's config)")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs per model copy (the probe's decision)")
+    ap.add_argument("--target-json", default="{}", help="the config's target section (dtype, revision, ...)")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
     setup_logging()
     set_threads(a.threads)
     taps = json.loads(a.taps_json) if a.taps_json else None
     n = run_bench(
-        a.target, a.drafter, a.prompts, a.part, a.parts, a.out, json.loads(a.bench_json), taps, a.dataset, a.gpus
+        a.target, a.drafter, a.prompts, a.part, a.parts, a.out, json.loads(a.bench_json), taps, a.dataset, a.gpus,
+        json.loads(a.target_json),
     )
     print(f"{n} records -> {a.out}")
 

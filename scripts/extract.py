@@ -42,8 +42,7 @@ except OSError as e:
     sys.exit(f"extract: {e}")
 logging.info("disk: the shard needs about %.3f GB", need / 1e9)
 with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
-    model, tok, device = extract.load_target(args.target, devices, tcfg.get("dtype", "auto"), tcfg.get("revision"),
-                                             tcfg.get("trust_remote_code", False))
+    model, tok, device = extract.load_configured_target(args.target, devices, tcfg)
     kernels = extract.report_kernels(model)
     cfg = model.config.get_text_config()
     taps = resolve_taps(cfg.num_hidden_layers, tapcfg)

@@ -45,8 +45,7 @@ if failures:
     fail("structure", failures)
 plan = store.read_json(args.probe)
 with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
-    model, _, _ = extract.load_target(args.target, devices, tcfg.get("dtype", "auto"), tcfg.get("revision"),
-                                      tcfg.get("trust_remote_code", False))
+    model, _, _ = extract.load_configured_target(args.target, devices, tcfg)
     dtype = next(model.parameters()).dtype
     tol = ecfg.get("tolerance")
     tol = validate.default_tolerance(dtype, manifest["storage"]) if tol in (None, "auto") else float(tol)

@@ -20,8 +20,9 @@ rule bench:
         prompts=lambda wildcards: prompts_path(wildcards.dataset),
         parts=BENCH_PARTS,
         bench=as_json("bench", drop=("compare", "datasets")),
+        tcfg=as_json("target"),
     shell:
-        "python scripts/bench.py --target {params.target} --drafter {input.drafter}"
+        "python scripts/bench.py --target {params.target} --drafter {input.drafter} --target-json {params.tcfg}"
         " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"
         " --parts {params.parts} --bench-json {params.bench} --gpus {resources.gpu} --threads {threads}"
         " --out {output.records} > {log} 2>&1"
