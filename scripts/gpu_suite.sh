@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|spec|demo|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -56,6 +56,11 @@ for phase in "$@"; do
         echo "demo exit $?"; tail -5 "$OUT/demo_snakemake.log"; tail -20 $DEMO_RESULTS/logs/demo.log
         cp $DEMO_RESULTS/bench/summary.md "$OUT/demo_summary.md"; cat "$OUT/demo_summary.md"
         grep -h "tokens/s" $DEMO_RESULTS/logs/extract/*.log | tee "$OUT/demo_extract.log"
+        ;;
+    demo1)  # the demo DAG on one GPU (DRAFTSMITH_GPUS=0); carry a prebuilt results/demo to skip the CPU target build
+        DRAFTSMITH_GPUS=0 python3 -m snakemake --cores 16 --resources gpu=1 -q > "$OUT/demo1_snakemake.log" 2>&1
+        echo "demo1 exit $?"; tail -3 "$OUT/demo1_snakemake.log"
+        grep -h "tokens/s" results/logs/extract/*.log | tee "$OUT/demo1_extract.log"
         ;;
     workflow27b)  # a random-weight 27B-shape target (WSHAPE= another preset) through the workflow, one extraction job per GPU
         [ -d /tmp/r27b ] || python3 scripts/make_random_target.py --shape ${WSHAPE:-$SHAPE} --tokenizer ${TOKENIZER:-/tmp/demo/demo/target} \
