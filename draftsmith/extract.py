@@ -78,7 +78,9 @@ def use_fla_conv(model) -> bool:
     from fla.modules.causal_conv1d import causal_conv1d
 
     def conv_fn(hidden_states, weight, bias=None, activation=None, **_):
-        out, _state = causal_conv1d(hidden_states.transpose(1, 2), weight, bias, activation=activation)
+        # a free view when the input came straight from the projection; a copy only for cache-padded prompts
+        x = hidden_states.transpose(1, 2).contiguous()
+        out, _state = causal_conv1d(x, weight, bias, activation=activation)
         return out.transpose(1, 2)
 
     mixer = next((m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")), None)
