@@ -160,6 +160,17 @@ class RegenStats:
                 f"{self.prefill_tokens} tokens in {self.prefill_seconds:.1f}s)")
 
 
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts as one left-padded batch: ids and the attention mask (1 on real tokens)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        att[r, width - len(p):] = 1
+    return ids, att
+
+
 def _layer_types(model) -> list[str]:
     cfg = model.config.get_text_config()
     types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
@@ -195,16 +206,11 @@ class Engine:
 
     @torch.inference_mode()
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, object, int]:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        att = torch.zeros((len(prompts), width), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
-            att[r, width - len(p):] = 1
+        ids, att = left_pad(prompts, self.pad_id)
         pos = (att.cumsum(-1) - 1).clamp_min(0)
         out = self.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
                          position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1], out.past_key_values, width
+        return out.logits[:, -1], out.past_key_values, ids.shape[1]
 
     @torch.inference_mode()
     def _admit(self, slot_ids: list[int], prompts: list[list[int]], limits: list[int]) -> None:
@@ -306,14 +312,16 @@ class Engine:
             for _ in range(self.sync_every):
                 self._step()
             stats.steps += self.sync_every
-            live, n_gen = self.live.cpu(), self.n_gen.cpu()  # the one synchronisation per `sync_every` steps
-            for s in range(self.slots):
-                if owner[s] >= 0 and not live[s]:
-                    answer = self.out[s, : int(n_gen[s])].tolist()
-                    results[owner[s]] = answer
-                    stats.new_tokens += len(answer)
-                    bar.update(len(answer))
-                    owner[s] = -1
+            # the one synchronisation per `sync_every` steps; the finished answers then come over in one copy
+            live, n_gen = torch.stack([self.live.long(), self.n_gen]).tolist()
+            done = [s for s in range(self.slots) if owner[s] >= 0 and not live[s]]
+            rows = self.out[done].tolist() if done else []
+            for s, row in zip(done, rows):
+                answer = row[: n_gen[s]]
+                results[owner[s]] = answer
+                stats.new_tokens += len(answer)
+                bar.update(len(answer))
+                owner[s] = -1
         bar.close()
         stats.seconds = time.perf_counter() - t0
         return results, stats
@@ -360,18 +368,13 @@ def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, tem
 def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int = 0) -> tuple[list[list[int]], float]:
     """Transformers' greedy `generate` on one left-padded batch (no EOS): answers and seconds."""
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.as_tensor(p)
-        att[r, width - len(p):] = 1
+    ids, att = left_pad(prompts, pad_id)
     _sync(device)
     t0 = time.perf_counter()
     out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), max_new_tokens=new_tokens,
                          min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
     _sync(device)
-    return out[:, width:].tolist(), time.perf_counter() - t0
+    return out[:, ids.shape[1]:].tolist(), time.perf_counter() - t0
 
 
 def _sync(device: torch.device) -> None:
