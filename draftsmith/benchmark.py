@@ -28,7 +28,7 @@ import torch
 
 from . import extract, probe
 from .taps import body, default_taps, forward_taps
-from .train import matmul_ceiling
+from .train import matmul_ceiling, sync_device
 
 SHAPES_DIR = Path(__file__).resolve().parent.parent / "configs" / "shapes"
 NON_CONFIG_KEYS = ("dflash", "note")
@@ -157,10 +157,6 @@ def auto_budget(model, taps: list[int], device: torch.device, longest: int, cap:
 # ------------------------------------------------------------------------------------------ the paths
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def stage_batches(samples: pd.DataFrame, batches: list[list[int]], device: torch.device, pad: int) -> list[tuple]:
     """Batch inputs placed on the device before timing: the bare path must not pay for any host work."""
@@ -183,23 +179,23 @@ def run_bare(model, staged: list[tuple], taps: list[int], device: torch.device) 
     """Body forward up to the deepest tap with the taps gathered, nothing leaves the device; one sync at the end.
 
     Like extraction, no attention mask: right padding needs none in a causal model (see extract_samples)."""
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     for ids, _att in staged:
         forward_taps(model, ids, None, taps)
-    _sync(device)
+    sync_device(device)
     return time.perf_counter() - t0
 
 
 @torch.inference_mode()
 def run_naive(model, staged: list[tuple], device: torch.device) -> float:
     """What a first attempt does: the full model with logits and every layer's hidden states."""
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     for ids, att in staged:
         out = model(input_ids=ids, attention_mask=att, use_cache=False, output_hidden_states=True)
         del out
-    _sync(device)
+    sync_device(device)
     return time.perf_counter() - t0
 
 
@@ -240,7 +236,7 @@ def bench(shape: str, num_layers: int | None = None, tokens: int = 400_000, leng
     t0 = time.perf_counter()
     model = build_model(fields, num_layers, device, torch_dtype, seed)
     extract.use_fla_conv(model)  # as load_target does for the workflow
-    _sync(device)
+    sync_device(device)
     build_s = time.perf_counter() - t0
     cfg = model.config.get_text_config()
     n_layers = cfg.num_hidden_layers
@@ -264,7 +260,7 @@ def bench(shape: str, num_layers: int | None = None, tokens: int = 400_000, leng
     staged = stage_batches(samples, batches, device, pad)
     forward_taps(model, *staged[0], taps)  # warm-up: kernels, autotuning, allocator at the largest shapes
     forward_taps(model, *staged[-1], taps)
-    _sync(device)
+    sync_device(device)
 
     out_path = Path(out_dir) / f"rank{rank}"
     out_path.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from .taps import body
+from .train import sync_device
 
 log = logging.getLogger(__name__)
 
@@ -369,17 +370,13 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int = 
     """Transformers' greedy `generate` on one left-padded batch (no EOS): answers and seconds."""
     device = next(model.parameters()).device
     ids, att = left_pad(prompts, pad_id)
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), max_new_tokens=new_tokens,
                          min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
-    _sync(device)
+    sync_device(device)
     return out[:, ids.shape[1]:].tolist(), time.perf_counter() - t0
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens: int, waves: int,
@@ -411,11 +408,11 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
             engine = Engine(model, slots=b, max_len=max_len, eos_ids=[], sync_every=8, cuda_graph=graph)
             try:
                 engine.run(prompts[:b], 8, progress=False)  # warm-up: kernels, autotuning, allocator, capture
-                _sync(device)
+                sync_device(device)
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 answers, stats = engine.run(prompts[: b * waves], new_tokens, progress=False)
-                _sync(device)
+                sync_device(device)
             except Exception as e:  # noqa: BLE001 - a failed variant is a figure too; the others still run
                 log(f"engine  batch {b:4d} graph {graph}: FAILED {type(e).__name__}: {e}")
                 result["engine"].append({"batch": b, "cuda_graph": graph, "error": f"{type(e).__name__}: {e}"})

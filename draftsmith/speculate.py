@@ -33,6 +33,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from draftsmith.taps import body, capture, forward_taps
+from draftsmith.train import sync_device
 
 
 class BlockDrafter(Protocol):
@@ -153,10 +154,6 @@ def ancestor_mask(tree: Tree) -> torch.Tensor:
 # The target's own continuation (the autoregressive baseline) and replay.
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     if temperature <= 0:
@@ -184,7 +181,7 @@ def ar_generate(
     """One token per forward with a KV cache: the baseline, and at temperature 0 the reference output."""
     device = next(target.parameters()).device
     stops = set(stop_ids)
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     cache = DynamicCache(config=target.config)
     ids = torch.tensor([list(prompt_ids)], device=device)
@@ -199,7 +196,7 @@ def ar_generate(
         if t in stops:
             break
         ids = torch.tensor([[t]], device=device)
-    _sync(device)
+    sync_device(device)
     return Generation(out, time.perf_counter() - start)
 
 
@@ -367,12 +364,12 @@ def speculative_generate(
 
     def lap(key: str) -> None:
         if timing:
-            _sync(device)
+            sync_device(device)
         now = time.perf_counter()
         split[key] += now - clock[0]
         clock[0] = now
 
-    _sync(device)
+    sync_device(device)
     start = clock[0] = time.perf_counter()
     prompt = list(prompt_ids)
     p = len(prompt)
@@ -421,7 +418,7 @@ def speculative_generate(
         tokens += new
         committed.append(len(new))
         lap("draft")
-    _sync(device)
+    sync_device(device)
     return Generation(tokens[p:], time.perf_counter() - start, split), committed
 
 

@@ -592,15 +592,16 @@ def matmul_ceiling(device: torch.device, n: int = 8192, iters: int = 20) -> floa
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     for _ in range(iters):
         a @ b
-    _sync(device)
+    sync_device(device)
     return 2 * n**3 * iters / (time.perf_counter() - t0)
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Waits for the device's queued work (a no-op on the CPU): timers read wall time only after it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -641,13 +642,13 @@ def benchmark(cfg: DrafterConfig, seq_len: int, seqs_per_step: int, anchors_per_
 
     for _ in range(warmup):
         one_step()
-    _sync(device)
+    sync_device(device)
     if world > 1:
         torch.distributed.barrier()
     t0 = time.perf_counter()
     for _ in range(steps):
         one_step()
-    _sync(device)
+    sync_device(device)
     if world > 1:
         torch.distributed.barrier()
     dt = (time.perf_counter() - t0) / steps
