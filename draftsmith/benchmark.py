@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from . import extract, probe
-from .taps import body, default_taps, forward_taps
+from .taps import body, default_taps, forward_taps, layer_types
 from .train import matmul_ceiling, sync_device
 
 SHAPES_DIR = Path(__file__).resolve().parent.parent / "configs" / "shapes"
@@ -131,7 +131,7 @@ def model_flops(model, lengths: np.ndarray, taps: list[int]) -> float:
         params += p.numel() * share
     tokens = float(lengths.sum())
     total = 2.0 * params * tokens
-    types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)[:run]
+    types = layer_types(model)[:run]
     n_full = sum(t == "full_attention" for t in types)
     n_linear = sum("linear" in t for t in types)
     heads = cfg.num_attention_heads

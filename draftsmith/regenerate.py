@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .taps import body
+from .taps import body, layer_types
 from .train import sync_device
 
 log = logging.getLogger(__name__)
@@ -172,10 +172,9 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, att
 
 
-def _layer_types(model) -> list[str]:
-    cfg = model.config.get_text_config()
-    types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
-    return ["linear_attention" if "linear" in t else "full_attention" for t in types]
+def _cache_kinds(model) -> list[str]:
+    """What each layer keeps in the slot cache: recurrent state (linear attention) or keys and values."""
+    return ["linear_attention" if "linear" in t else "full_attention" for t in layer_types(model)]
 
 
 class Engine:
@@ -186,7 +185,7 @@ class Engine:
                  cuda_graph: bool = False):
         self.model = model
         self.device = next(model.parameters()).device
-        self.types = _layer_types(model)
+        self.types = _cache_kinds(model)
         self.slots, self.max_len, self.sync_every, self.prefill_tokens = slots, max_len, sync_every, prefill_tokens
         self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)

@@ -40,6 +40,12 @@ def body(model: nn.Module) -> nn.Module:
     return inner
 
 
+def layer_types(model: nn.Module) -> list[str]:
+    """Each decoder layer's kind from the text config; `full_attention` throughout when the config names none."""
+    cfg = model.config.get_text_config()
+    return list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return body(model).layers
 
