@@ -181,10 +181,9 @@ def check_disk_space(out_path: str | Path, tokens: int, num_samples: int, taps: 
     if stale.exists():
         free += stale.stat().st_blocks * 512
     if need > free:
-        per = 1 if storage == "fp8" else 2
         raise OSError(
             f"not enough disk space for {out_path}: it needs {need} bytes ({need / 1e9:.2f} GB = {tokens} tokens x "
-            f"{taps} taps x {hidden} hidden x {per} bytes, plus ids and index) but {out_path.parent} has {free} bytes "
+            f"{taps} taps x {hidden} hidden x {store.hidden_value_bytes(storage)} bytes, plus ids and index) but {out_path.parent} has {free} bytes "
             f"({free / 1e9:.2f} GB) free; free space or point `results` at a larger disk (or use extract.storage: "
             "fp8, half the bytes), then rerun snakemake"
         )

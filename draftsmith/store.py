@@ -74,9 +74,14 @@ def decode(hidden: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype 
     return dequantize_fp8(hidden, scale, dtype) if scale is not None else hidden.to(dtype)
 
 
+def hidden_value_bytes(storage: str) -> int:
+    """Bytes per stored hidden-state value: fp8 e4m3 or bf16."""
+    return 1 if storage == "fp8" else 2
+
+
 def shard_bytes(tokens: int, num_samples: int, width: int, storage: str = "bf16") -> int:
     """Bytes of a shard file's tensors (the header adds a few hundred): what the disk-space preflight needs."""
-    hidden = tokens * width * (1 if storage == "fp8" else 2)
+    hidden = tokens * width * hidden_value_bytes(storage)
     scales = tokens * 4 if storage == "fp8" else 0
     return hidden + scales + tokens * (4 + 1) + (num_samples + 1) * 8
 
