@@ -68,8 +68,9 @@ def use_fla_conv(model) -> bool:
 
     Transformers looks for the separate `causal_conv1d` CUDA package and otherwise runs a grouped `F.conv1d`
     (which it warns is much slower). fla, already needed for the recurrence, ships a Triton causal conv over the
-    [batch, time, channels] layout the projection produced, so the adapter below is two free transposes. Only the
-    prefill path (no cache) is replaced; True when installed.
+    [batch, time, channels] layout the projection produced, so the adapter below is two transposes (free views
+    unless a cache padded the input). Only the multi-token path is replaced, not the one-token decode update; True
+    when installed.
     """
     if not (fla_available() and has_linear_attention(model)) or next(model.parameters()).device.type != "cuda":
         return False
