@@ -603,7 +603,7 @@ def drafter_taps(drafter_dir: str) -> list[int]:
 
 
 def _bench_key(target_dir: str, drafter_dir: str, prompts_path: str, part: int, parts: int, bench: dict,
-               taps: list[int] | None, dataset: str) -> str:
+               taps: list[int] | None, dataset: str, target_cfg: dict) -> str:
     """What a partial benchmark file must have been made with to be resumed (a retrained drafter starts afresh)."""
     from pathlib import Path
 
@@ -615,7 +615,7 @@ def _bench_key(target_dir: str, drafter_dir: str, prompts_path: str, part: int, 
 
     d = Path(drafter_dir)
     return content_hash(target_dir, stamp(d / "config.json"), stamp(d / "model.safetensors"),
-                        stamp(Path(prompts_path)), part, parts, bench, taps, dataset)
+                        stamp(Path(prompts_path)), part, parts, bench, taps, dataset, target_cfg)
 
 
 def read_partial(path, key: str) -> dict[int, list[dict]]:
@@ -675,7 +675,8 @@ def run_bench(
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
-    key = _bench_key(target_dir, drafter_dir, prompts_path, part, parts, bench, taps, dataset)
+    target_cfg = target_cfg or {}
+    key = _bench_key(target_dir, drafter_dir, prompts_path, part, parts, bench, taps, dataset, target_cfg)
     done = {i: r for i, r in read_partial(partial, key).items() if i < len(mine)}
     if done:
         logging.getLogger(__name__).info("resuming: %d of %d prompts already benchmarked in %s", len(done),
@@ -687,7 +688,7 @@ def run_bench(
     todo = [i for i in range(len(mine)) if i not in done]
     with acquire(gpus if todo else 0) as devices, partial.open("a") as log_f:
         if todo:
-            target, tokenizer, device = load_configured_target(target_dir, devices, target_cfg or {})
+            target, tokenizer, device = load_configured_target(target_dir, devices, target_cfg)
             drafter = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
             if bench.get("block_size"):
                 drafter = ShorterBlock(drafter, int(bench["block_size"]))
