@@ -47,8 +47,8 @@ for phase in "$@"; do
         CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_extract.py --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"
         ;;
     regen)  # regeneration engine vs generate, 27B shape; eager and CUDA-graph decode steps
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-32,64,128,256} \
-            --new-tokens ${REGEN_NEW:-128} --cuda-graph --json-out "$OUT/regen.json" 2>&1 | grep -v Warning | tee "$OUT/regen.log"
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-64,128,256} \
+            --new-tokens ${REGEN_NEW:-256} --cuda-graph --json-out "$OUT/regen.json" 2>&1 | grep -v Warning | tee "$OUT/regen.log"
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}
@@ -68,7 +68,7 @@ for phase in "$@"; do
         printf '%s\n' 'results: /tmp/w27' 'target: {model: /tmp/r27b, dtype: bf16}' \
             'data: {path: /tmp/r27b.jsonl, max_length: 8192, regenerate: {enabled: false}}' \
             'extract: {shards: 2, validate_samples: 2}' > /tmp/w27.yaml
-        python3 -m snakemake dataset --cores 16 --resources gpu=2 --configfile /tmp/w27.yaml -q > "$OUT/w27_snakemake.log" 2>&1
+        python3 -m snakemake dataset --cores 16 --resources gpu=${GPUS:-2} --configfile /tmp/w27.yaml -q > "$OUT/w27_snakemake.log" 2>&1
         echo "workflow27b exit $?"; tail -5 "$OUT/w27_snakemake.log"
         grep -h "extracted\|STORAGE\|kernels\|flash" /tmp/w27/logs/extract/*.log | tee "$OUT/w27_extract.log"
         cat /tmp/w27/probe.json > "$OUT/w27_probe.json"
