@@ -27,6 +27,7 @@ if __name__ == "__main__":
     p.add_argument("--check-prompts", type=int, default=4)
     p.add_argument("--check-tokens", type=int, default=32)
     p.add_argument("--cuda-graph", action="store_true", help="also time the engine with its step as a CUDA graph")
+    p.add_argument("--profile-batch", type=int, default=0, help="first print the top kernels of decode steps at this batch")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -38,6 +39,8 @@ if __name__ == "__main__":
     extract.use_fla_conv(model)
     print(f"target {a.shape}: {sum(x.numel() for x in model.parameters()) / 1e9:.2f}B params on {device}; "
           f"{extract.report_kernels(model)}")
+    if a.profile_batch:
+        print(regenerate.profile_steps(model, model.config.get_text_config().vocab_size, a.profile_batch, a.prompt_len))
     sizes = [int(x) for x in a.batch_sizes.split(",")]
     gen = [int(x) for x in a.generate_batches.split(",") if x]
     r = regenerate.bench(model, model.config.get_text_config().vocab_size, sizes, a.prompt_len, a.new_tokens,

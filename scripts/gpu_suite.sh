@@ -48,7 +48,7 @@ for phase in "$@"; do
         ;;
     regen)  # regeneration engine vs generate, 27B shape; eager and CUDA-graph decode steps
         CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-64,128,256} \
-            --new-tokens ${REGEN_NEW:-256} --cuda-graph --json-out "$OUT/regen.json" 2>&1 | grep -v Warning | tee "$OUT/regen.log"
+            --new-tokens ${REGEN_NEW:-256} --cuda-graph ${REGEN_ARGS:-} --json-out "$OUT/regen.json" 2>&1 | grep -v Warning | tee "$OUT/regen.log"
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}
