@@ -48,7 +48,7 @@ for phase in "$@"; do
         ;;
     regen)  # regeneration engine vs generate, 27B shape; eager and CUDA-graph decode steps
         CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-64,128,256} \
-            --new-tokens ${REGEN_NEW:-256} --cuda-graph ${REGEN_ARGS:-} --json-out "$OUT/regen.json" 2>&1 | grep -v Warning | tee "$OUT/regen.log"
+            --new-tokens ${REGEN_NEW:-256} --cuda-graph ${REGEN_ARGS:-} --json-out "$OUT/regen.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/regen.log"
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}
@@ -57,8 +57,8 @@ for phase in "$@"; do
         cp $DEMO_RESULTS/bench/summary.md "$OUT/demo_summary.md"; cat "$OUT/demo_summary.md"
         grep -h "tokens/s" $DEMO_RESULTS/logs/extract/*.log | tee "$OUT/demo_extract.log"
         ;;
-    demo1)  # the demo DAG on one GPU (DRAFTSMITH_GPUS=0); carry a prebuilt results/demo to skip the CPU target build
-        DRAFTSMITH_GPUS=0 python3 -m snakemake --cores 16 --resources gpu=1 -q > "$OUT/demo1_snakemake.log" 2>&1
+    demo1)  # the demo DAG (DEMO_TARGET, default all) on one GPU; carry a prebuilt results/demo to skip the CPU target build
+        DRAFTSMITH_GPUS=0 python3 -m snakemake ${DEMO_TARGET:-all} --cores 16 --resources gpu=1 -q > "$OUT/demo1_snakemake.log" 2>&1
         echo "demo1 exit $?"; tail -3 "$OUT/demo1_snakemake.log"
         grep -h "tokens/s" results/logs/extract/*.log | tee "$OUT/demo1_extract.log"
         ;;
