@@ -237,6 +237,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self.types = _cache_kinds(model)
         self.slots, self.max_len, self.sync_every, self.prefill_tokens = slots, max_len, sync_every, prefill_tokens
+        self.group_rows = -(-slots // 4)  # prompts prefilled together: bounds the prefill's copy of their states
         self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed) if temperature > 0 else None
@@ -306,6 +307,21 @@ class Engine:
             self._step_eager()
         self.graph = graph
 
+    @torch.inference_mode()
+    def slot_bytes(self) -> tuple[int, int]:
+        """What one slot costs: bytes per cached position (keys and values) and fixed bytes (linear-attention
+        states), measured on a one-token prefill rather than derived from a config every model family spells
+        differently."""
+        _, pcache, _ = self._prefill([[self.pad_id]])
+        per_position = fixed = 0
+        for i, kind in enumerate(self.types):
+            src = pcache.layers[i]
+            if kind == "linear_attention":
+                fixed += src.conv_states[0].nbytes + src.recurrent_states[0].nbytes
+            else:
+                per_position += src.keys.nbytes + src.values.nbytes
+        return per_position, fixed
+
     def _step(self) -> None:
         if self.graph is not None:
             self.graph.replay()
@@ -357,7 +373,8 @@ class Engine:
             free = [s for s in range(self.slots) if owner[s] < 0]
             while free and queue:  # admit as many prompts as there are free slots, prefilled in groups
                 group: list[int] = [queue.popleft()]  # longest first: the group's width is its first prompt
-                while queue and len(group) < len(free) and (len(group) + 1) * len(prompts[group[0]]) <= self.prefill_tokens:
+                while (queue and len(group) < min(len(free), self.group_rows)
+                       and (len(group) + 1) * len(prompts[group[0]]) <= self.prefill_tokens):
                     group.append(queue.popleft())
                 slots = [free.pop(0) for _ in group]
                 tp = time.perf_counter()
@@ -387,6 +404,25 @@ class Engine:
 # ------------------------------------------------------------------------------------------ the workflow's use
 
 
+def fit_slots(wanted: int, max_len: int, per_position: int, fixed: int, free_bytes: int, reserve_bytes: int) -> int:
+    """How many slots fit in `free_bytes` after `reserve_bytes` (prefill activations, logits, allocator slack).
+
+    A slot holds `max_len` positions of keys and values plus its linear-attention states; the states count 1.25
+    times, because a prefill group (at most a quarter of the slots, see `Engine.group_rows`) holds a copy of its
+    rows' states until they are loaded into the slots.
+    """
+    per_slot = per_position * max_len + fixed + fixed // 4
+    return max(0, min(wanted, (free_bytes - reserve_bytes) // max(per_slot, 1)))
+
+
+def prefill_reserve(model, prefill_tokens: int) -> int:
+    """Memory a prefill group's activations need: the widest of them (the MLP's) a few times over, plus 2 GiB."""
+    cfg = model.config.get_text_config()
+    width = getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
+    itemsize = next(model.parameters()).element_size()
+    return 4 * prefill_tokens * width * itemsize + (2 << 30)
+
+
 def eos_ids_of(model, tokenizer) -> list[int]:
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     if eos is None:
@@ -401,9 +437,28 @@ def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, tem
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     prompts = [list(map(int, ids[:pl])) for ids, pl in zip(samples["input_ids"], samples["prompt_len"])]
     longest = max((len(p) for p in prompts), default=1)
-    engine = Engine(model, slots=max(1, min(slots, len(prompts))), max_len=min(max_length, longest + max_new_tokens) + 1,
-                    eos_ids=eos_ids_of(model, tokenizer), temperature=temperature, top_p=top_p, seed=seed,
-                    sync_every=sync_every, pad_id=pad, cuda_graph=cuda_graph)
+    max_len = min(max_length, longest + max_new_tokens) + 1
+    slots = max(1, min(slots, len(prompts)))
+    device = next(model.parameters()).device
+    if device.type == "cuda":  # slots are preallocated: size them to the memory left beside the weights
+        probe = Engine(model, slots=1, max_len=2, eos_ids=[], pad_id=pad)
+        per_position, fixed = probe.slot_bytes()
+        del probe
+        torch.cuda.empty_cache()
+        free = torch.cuda.mem_get_info(device)[0]
+        fit = fit_slots(slots, max_len, per_position, fixed, free, prefill_reserve(model, 16384))
+        if fit < 1:
+            need = (per_position * max_len + fixed + fixed // 4 + prefill_reserve(model, 16384)) / 2**30
+            raise RuntimeError(
+                f"regeneration needs {need:.1f} GiB for one answer of up to {max_len} tokens, and {free / 2**30:.1f} GiB "
+                "is free beside the weights: lower data.max_length or data.regenerate.max_new_tokens, or give the model "
+                "more GPUs (a larger group)")
+        if fit < slots:
+            log.warning("regeneration: %d slots of %d tokens do not fit in %.1f GiB free; using %d "
+                        "(data.regenerate.batch_size)", slots, max_len, free / 2**30, fit)
+            slots = fit
+    engine = Engine(model, slots=slots, max_len=max_len, eos_ids=eos_ids_of(model, tokenizer), temperature=temperature,
+                    top_p=top_p, seed=seed, sync_every=sync_every, pad_id=pad, cuda_graph=cuda_graph)
     answers, stats = engine.run(prompts, max_new_tokens)
     log.info("regenerated %s", stats.summary())
     new_ids, new_mask = [], []

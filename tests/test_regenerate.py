@@ -91,3 +91,25 @@ def test_regenerate_replaces_the_last_turn(model):
         assert ids.tolist() == expect and out["num_tokens"][i] == len(expect)
         assert mask.tolist() == ([0] * len(p) + [1] * (len(expect) - len(p)))[: len(expect)]
     assert stats.prompts == len(prompts)
+
+
+def test_slot_bytes_match_the_allocated_cache(model):
+    """The one-token probe predicts what the slot cache allocates, for both layer kinds, so slots can be sized
+    to the free memory before anything is allocated."""
+    engine = Engine(model, slots=3, max_len=50, eos_ids=[])
+    per_position, fixed = engine.slot_bytes()
+    assert per_position > 0
+    engine.run(_prompts(), 6, progress=False)
+    assert engine.cache.nbytes() == 3 * (per_position * 50 + fixed)
+    assert (fixed > 0) == any("linear" in t for t in engine.types)
+
+
+def test_fit_slots():
+    from draftsmith.regenerate import fit_slots
+
+    gib = 2**30
+    # 27B-like: 64 KiB per position, 155 MB of linear states per slot, 86 GiB free, 4 GiB reserved
+    assert fit_slots(256, 769, 65536, 155_000_000, 86 * gib, 4 * gib) == 256
+    assert fit_slots(256, 4097, 65536, 155_000_000, 86 * gib, 4 * gib) == 190
+    assert fit_slots(64, 4097, 65536, 155_000_000, 25 * gib, 4 * gib) == 48  # an 80 GB GPU: fewer slots, no OOM
+    assert fit_slots(64, 4097, 65536, 155_000_000, 3 * gib, 4 * gib) == 0
