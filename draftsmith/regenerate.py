@@ -424,10 +424,13 @@ def prefill_reserve(model, prefill_tokens: int) -> int:
 
 
 def eos_ids_of(model, tokenizer) -> list[int]:
-    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    return [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+    """Every id that ends an answer: the generation config's (often several, e.g. Llama 3's end-of-turn and
+    end-of-text) and the tokenizer's. Regeneration and the benchmark stop on the same set."""
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for eos in (gen.eos_token_id if gen is not None else None, tokenizer.eos_token_id):
+        ids += [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+    return sorted(set(ids))
 
 
 def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, temperature: float, max_length: int,

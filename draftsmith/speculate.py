@@ -32,6 +32,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
+from draftsmith.regenerate import eos_ids_of
 from draftsmith.taps import body, capture, forward_taps
 from draftsmith.train import sync_device
 
@@ -693,8 +694,7 @@ def run_bench(
             if bench.get("block_size"):
                 drafter = ShorterBlock(drafter, int(bench["block_size"]))
             taps = taps or drafter_taps(drafter_dir)
-            stops = tokenizer.eos_token_id
-            stop_ids = [] if stops is None else ([stops] if isinstance(stops, int) else list(stops))
+            stop_ids = eos_ids_of(target, tokenizer)
             thinking = bool(bench.get("thinking", False))
             for w in range(int(bench.get("warmup", 1))):  # compile kernels, warm allocators
                 bench_prompt(

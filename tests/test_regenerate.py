@@ -113,3 +113,19 @@ def test_fit_slots():
     assert fit_slots(256, 4097, 65536, 155_000_000, 86 * gib, 4 * gib) == 190
     assert fit_slots(64, 4097, 65536, 155_000_000, 25 * gib, 4 * gib) == 48  # an 80 GB GPU: fewer slots, no OOM
     assert fit_slots(64, 4097, 65536, 155_000_000, 3 * gib, 4 * gib) == 0
+
+
+def test_eos_ids_join_generation_config_and_tokenizer(model):
+    """Llama 3 style: the generation config lists end-of-turn and end-of-text, the tokenizer names one of them."""
+    from types import SimpleNamespace
+
+    from draftsmith.regenerate import eos_ids_of
+
+    before = model.generation_config.eos_token_id
+    try:
+        model.generation_config.eos_token_id = [9, 5]
+        assert eos_ids_of(model, SimpleNamespace(eos_token_id=7)) == [5, 7, 9]
+        model.generation_config.eos_token_id = None
+        assert eos_ids_of(model, SimpleNamespace(eos_token_id=None)) == []
+    finally:
+        model.generation_config.eos_token_id = before
