@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from draftsmith.store import tmp_path
+
 log = logging.getLogger(__name__)
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -262,7 +264,7 @@ def shard(samples: pd.DataFrame, num_shards: int) -> list[pd.DataFrame]:
 def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
+    tmp = tmp_path(path)
     df.to_parquet(tmp, index=False)
     tmp.replace(path)
 

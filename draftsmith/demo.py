@@ -30,6 +30,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+from draftsmith.store import tmp_path
+
 log = logging.getLogger(__name__)
 
 EOT, IM_START, IM_END, THINK, END_THINK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
@@ -454,7 +456,7 @@ def build_demo_target(
             "parameters": n_params,
             "python": sysconfig.get_python_version(),
         }
-        tmp = out_dir.with_name(out_dir.name + ".partial")
+        tmp = tmp_path(out_dir)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
@@ -474,7 +476,7 @@ def build_demo_target(
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".partial")
+    tmp = tmp_path(path)
     with open(tmp, "w") as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")

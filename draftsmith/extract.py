@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from . import faults, store
-from .taps import forward_taps
+from .taps import forward_taps, layer_types
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ def fla_available() -> bool:
 
 
 def has_linear_attention(model) -> bool:
-    types = getattr(model.config, "layer_types", None) or []
-    return any("linear" in t for t in types)
+    """From the text config: a multimodal checkpoint (Qwen3.6's) keeps its layer kinds under `text_config`."""
+    return any("linear" in t for t in layer_types(model))
 
 
 def report_kernels(model) -> str:

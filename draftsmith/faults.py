@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.store import tmp_path
+
 
 def check_oom(padded_tokens: int) -> None:
     """Raises the allocator's own error when the emulated memory limit is set and this batch is over it."""
@@ -52,7 +54,7 @@ def pause(point: str, poll: float = 0.05) -> None:
     if flag.exists():
         return
     mine = f"{os.getpid()}\n"
-    tmp = flag.with_name(flag.name + ".partial")
+    tmp = tmp_path(flag)
     tmp.write_text(mine)
     os.replace(tmp, flag)
     while flag.exists() and flag.read_text() == mine:

@@ -50,17 +50,44 @@ def visible_gpus() -> list[int]:
     if env is None and os.environ.get("SLURM_JOB_ID"):
         env = ""
     if env is not None:
-        return [int(x) for x in env.split(",") if x.strip() not in ("", "-1")]
+        entries = [x.strip() for x in env.split(",") if x.strip() not in ("", "-1")]
+        if all(x.isdigit() for x in entries):
+            return [int(x) for x in entries]
+        return uuid_indices(entries, _nvidia_smi("index,uuid"))  # e.g. GPU-8f2c... on Kubernetes nodes
+    table = _nvidia_smi("index")
+    return [int(x) for x in table.split()] if table else []
+
+
+def _nvidia_smi(fields: str) -> str | None:
     if shutil.which("nvidia-smi") is None:
-        return []
+        return None
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        return subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=30, check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
-        return []
-    return [int(x) for x in out.split()]
+        return None
+
+
+def uuid_indices(entries: list[str], table: str | None) -> list[int]:
+    """CUDA_VISIBLE_DEVICES entries given as GPU UUIDs (or unique prefixes, as CUDA accepts) turned into the
+    nvidia-smi indices the pool locks and hands on; `table` is `nvidia-smi --query-gpu=index,uuid` output."""
+    rows = [[c.strip() for c in line.split(",")] for line in (table or "").splitlines() if "," in line]
+    found = []
+    for entry in entries:
+        if entry.isdigit():
+            found.append(int(entry))
+            continue
+        hits = [int(i) for i, uuid in rows if uuid.startswith(entry) or uuid.startswith("GPU-" + entry)]
+        if len(hits) != 1:
+            why = "nvidia-smi is not available to resolve it" if table is None else (
+                "no GPU has that UUID" if not hits else "it matches several GPUs")
+            raise RuntimeError(
+                f"CUDA_VISIBLE_DEVICES entry {entry!r} cannot be used for the GPU pool: {why}. Set DRAFTSMITH_GPUS to "
+                "the nvidia-smi indices of the GPUs to use (e.g. DRAFTSMITH_GPUS=0,1); MIG instances are not pooled")
+        found.append(hits[0])
+    return found
 
 
 def _try_lock(path: Path) -> int | None:
@@ -140,6 +167,7 @@ def acquire(
     old = os.environ.get("CUDA_VISIBLE_DEVICES")
     if set_env:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA then numbers GPUs as nvidia-smi does
     log.info("took GPU(s) %s from the pool", ids)
     try:
         yield ids

@@ -69,8 +69,11 @@ class SlotCache:
     # --- what the model's layers call during a decode step
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         layer = self.layers[layer_idx]
-        layer.keys[self._rows, :, self.pos] = key[:, :, 0]
-        layer.values[self._rows, :, self.pos] = value[:, :, 0]
+        rows, pos = self._rows, self.pos
+        if key.device != pos.device:  # a model split over a GPU group: this layer lives on another device
+            rows, pos = rows.to(key.device), pos.to(key.device)
+        layer.keys[rows, :, pos] = key[:, :, 0]
+        layer.values[rows, :, pos] = value[:, :, 0]
         return layer.keys, layer.values
 
     def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
@@ -107,8 +110,8 @@ class SlotCache:
                 if self.layers[i] is None:
                     self.layers[i] = _LinearSlots(conv.new_zeros((self.slots, *conv.shape[1:])),
                                                   rec.new_zeros((self.slots, *rec.shape[1:])))
-                self.layers[i].conv_states[0][idx] = conv
-                self.layers[i].recurrent_states[0][idx] = rec
+                self.layers[i].conv_states[0][idx.to(conv.device)] = conv
+                self.layers[i].recurrent_states[0][idx.to(rec.device)] = rec
             else:
                 k, v = src.keys, src.values
                 if self.layers[i] is None:
@@ -207,7 +210,8 @@ class RegenStats:
 
     def summary(self) -> str:
         return (f"{self.prompts} answers, {self.new_tokens} new tokens in {self.seconds:.1f}s "
-                f"({self.new_tokens_per_s:.0f} new tokens/s; {self.steps} decode steps, prefill "
+                f"({self.new_tokens_per_s:.0f} new tokens/s, {self.decode_tokens_per_s:.0f} while decoding; "
+                f"{self.steps} decode steps, prefill "
                 f"{self.prefill_tokens} tokens in {self.prefill_seconds:.1f}s)")
 
 
@@ -240,7 +244,8 @@ class Engine:
         self.group_rows = -(-slots // 4)  # prompts prefilled together: bounds the prefill's copy of their states
         self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed) if temperature > 0 else None
+        head = model.get_output_embeddings().weight.device  # where the logits are (the last GPU of a group)
+        self.generator = torch.Generator(device=head).manual_seed(seed) if temperature > 0 else None
         self.cache = SlotCache(self.types, slots, max_len, self.device)
         d = self.device
         self.cur = torch.full((slots,), pad_id, dtype=torch.long, device=d)  # the token each slot feeds next
@@ -273,7 +278,7 @@ class Engine:
         logits, pcache, width = self._prefill(prompts)
         lengths = [len(p) for p in prompts]
         self.cache.load(slot_ids, pcache, lengths, width)
-        first = pick(logits.float(), self.temperature, self.top_p, self.generator)
+        first = pick(logits.float(), self.temperature, self.top_p, self.generator).to(self.device)
         idx = torch.as_tensor(slot_ids, device=self.device)
         lim = torch.as_tensor(limits, device=self.device)
         self.out[idx] = self.pad_id
@@ -345,6 +350,7 @@ class Engine:
             for c, name in zip(self._configs, before):
                 c._attn_implementation_internal = name
         nxt = pick(self.model.lm_head(hidden[:, -1]).float(), self.temperature, self.top_p, self.generator)
+        nxt = nxt.to(self.device)  # a no-op unless the head sits on the last GPU of a group
         live = self.live
         col = torch.where(live, self.n_gen, self.out.shape[1] - 1)  # dead slots write to a scratch column
         self.out[self.cache._rows, col] = nxt

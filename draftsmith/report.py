@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from draftsmith.speculate import acceptance_by_position, histogram  # noqa: E402
+from draftsmith.store import tmp_path  # noqa: E402
 
 
 def read_records(paths: list[str]) -> list[dict]:
@@ -153,7 +154,7 @@ def plot_position_acceptance(records: list[dict], path: Path) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".partial")
+    tmp = tmp_path(path)
     tmp.write_text(text)
     tmp.replace(path)
 
@@ -187,8 +188,8 @@ def write_report(parts: list[str], out_dir: str | Path, train_summary: str | Non
     records = read_records(parts)
     _write_text(out / "records.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     df = summarize(records)
-    df.to_csv(out / "summary.csv.partial", index=False)
-    (out / "summary.csv.partial").replace(out / "summary.csv")
+    df.to_csv(tmp_path(out / "summary.csv"), index=False)
+    tmp_path(out / "summary.csv").replace(out / "summary.csv")
     text = "# Acceptance benchmark\n\n"
     if train_summary and Path(train_summary).exists():
         text += drafter_lines(json.loads(Path(train_summary).read_text()))

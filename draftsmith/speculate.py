@@ -33,6 +33,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from draftsmith.regenerate import eos_ids_of
+from draftsmith.store import tmp_path
 from draftsmith.taps import body, capture, forward_taps
 from draftsmith.train import sync_device
 
@@ -675,7 +676,7 @@ def run_bench(
     mine = records[part::parts]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
+    partial = tmp_path(out)
     target_cfg = target_cfg or {}
     key = _bench_key(target_dir, drafter_dir, prompts_path, part, parts, bench, taps, dataset, target_cfg)
     done = {i: r for i, r in read_partial(partial, key).items() if i < len(mine)}

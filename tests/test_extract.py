@@ -97,3 +97,19 @@ def test_make_batches_respects_budget_and_sorts():
     for b in batches:
         assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 130
     assert batches[0] == [1]  # longest first
+
+
+def test_linear_attention_is_found_in_a_multimodal_config():
+    """Qwen3.6 checkpoints are multimodal: the layer kinds sit under text_config, and fla's kernels must still be
+    chosen for them."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=256, full_attention_interval=2)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  spatial_merge_size=1, temporal_patch_size=1)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
+    assert getattr(model.config, "layer_types", None) is None  # only the text config knows
+    assert extract.has_linear_attention(model)
+    assert "flash-linear-attention" in extract.report_kernels(model)

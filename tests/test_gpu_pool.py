@@ -101,3 +101,25 @@ def test_a_slurm_job_without_gpus_sees_none(monkeypatch):
     assert gpu_pool.visible_gpus() == []
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert gpu_pool.visible_gpus() == [0, 1]
+
+
+SMI_TABLE = """0, GPU-8f2c1a3e-0b6d-4c1e-9a52-1d3f7e0c9b11
+1, GPU-5d07e2b4-71a9-4f38-8c6e-2b9a0f4d6e22
+2, GPU-5d0a66c1-33e0-4b2f-a7d4-9e8c1b2a3f33
+"""
+
+
+def test_uuid_entries_resolve_to_indices(monkeypatch):
+    """Kubernetes and some schedulers hand out GPU UUIDs; the pool locks and passes on nvidia-smi indices."""
+    assert gpu_pool.uuid_indices(["GPU-5d07e2b4-71a9-4f38-8c6e-2b9a0f4d6e22", "0"], SMI_TABLE) == [1, 0]
+    assert gpu_pool.uuid_indices(["GPU-8f2c", "5d0a"], SMI_TABLE) == [0, 2]  # unique prefixes, as CUDA takes them
+    with pytest.raises(RuntimeError, match="matches several GPUs.*DRAFTSMITH_GPUS"):
+        gpu_pool.uuid_indices(["GPU-5d0"], SMI_TABLE)
+    with pytest.raises(RuntimeError, match="no GPU has that UUID"):
+        gpu_pool.uuid_indices(["MIG-1234"], SMI_TABLE)
+    with pytest.raises(RuntimeError, match="nvidia-smi is not available"):
+        gpu_pool.uuid_indices(["GPU-8f2c"], None)
+    for var in ("DRAFTSMITH_GPUS", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert gpu_pool.visible_gpus() == [3, 1]
