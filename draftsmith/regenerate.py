@@ -605,19 +605,26 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
     result["same_prompts"] = []
     for b in generate_batches:
         hf_generate(model, prompts[:b], 2)  # warm-up
+        _, s1 = hf_generate(model, prompts[:b], 1)  # the prefill (and first token) alone
         _, s = hf_generate(model, prompts[:b], generate_new_tokens)
-        row = {"batch": b, "new_tokens_per_s": b * generate_new_tokens / s, "seconds": s}
+        row = {"batch": b, "new_tokens_per_s": b * generate_new_tokens / s, "seconds": s,
+               "decode_tokens_per_s": b * (generate_new_tokens - 1) / max(s - s1, 1e-9)}
         result["generate"].append(row)
         engine, _, stats = _timed_engine(model, prompts[:b], b, generate_new_tokens,
                                          prompt_len + generate_new_tokens + 1, graphs[-1] and graph_ok)
         graph = engine.cuda_graph
         same = {"batch": b, "new_tokens": generate_new_tokens, "generate_tokens_per_s": row["new_tokens_per_s"],
                 "engine_tokens_per_s": stats.new_tokens_per_s, "cuda_graph": graph,
-                "ratio": stats.new_tokens_per_s / row["new_tokens_per_s"]}
+                "ratio": stats.new_tokens_per_s / row["new_tokens_per_s"],
+                "generate_decode_tokens_per_s": row["decode_tokens_per_s"],
+                "engine_decode_tokens_per_s": stats.decode_tokens_per_s,
+                "decode_ratio": stats.decode_tokens_per_s / row["decode_tokens_per_s"]}
         result["same_prompts"].append(same)
         log(f"same {b} prompts, {generate_new_tokens} new tokens each, prefill included: generate "
             f"{same['generate_tokens_per_s']:.0f} new tok/s ({s:.1f}s), engine {same['engine_tokens_per_s']:.0f} "
-            f"(graph {graph}): {same['ratio']:.1f}x")
+            f"(graph {graph}): {same['ratio']:.1f}x; decoding alone (generate's time less its one-token run): "
+            f"generate {row['decode_tokens_per_s']:.0f}, engine {stats.decode_tokens_per_s:.0f}: "
+            f"{same['decode_ratio']:.1f}x")
     ok = [r for r in result["engine"] if "error" not in r]
     best = max(ok, key=lambda r: r["new_tokens_per_s"])
     result["best"] = best

@@ -46,9 +46,9 @@ for phase in "$@"; do
     profile)  # top CUDA kernels of the bare forward; torch vs fla short convolution
         CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_extract.py --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"
         ;;
-    regen)  # regeneration engine vs generate, 27B shape; eager and CUDA-graph decode steps
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-64,128,256} \
-            --new-tokens ${REGEN_NEW:-256} --cuda-graph ${REGEN_ARGS:-} --json-out "$OUT/regen.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/regen.log"
+    regen)  # regeneration engine vs generate, 27B shape: 1k-token answers (REGEN_ARGS=--cuda-graph adds graph steps)
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-128,192,256} --waves ${REGEN_WAVES:-1} \
+            --new-tokens ${REGEN_NEW:-1024} ${REGEN_ARGS:-} --json-out "$OUT/regen.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/regen.log"
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}
