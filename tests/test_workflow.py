@@ -103,3 +103,19 @@ def test_whole_dag_to_report(small_run, tmp_path):
         assert (res / f"bench/{png}.png").stat().st_size > 1000
     snakemake("--report", str(tmp_path / "report.html"), *args)
     assert (tmp_path / "report.html").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (Path(__file__).parents[1] / "configs").glob("*.yaml")))
+def test_presets_pass_the_schema_and_preflight(preset):
+    """Users copy a preset over config.yaml or pass it with --configfile: each must validate as Snakemake will
+    see it (merged over config.yaml) and pass the checks that need no weights."""
+    from snakemake.utils import update_config, validate
+
+    from draftsmith import preflight
+
+    root = Path(__file__).parents[1]
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    update_config(config, yaml.safe_load((root / "configs" / preset).read_text()))
+    validate(config, str(root / "workflow/schemas/config.schema.yaml"))
+    assert preflight.check(config) == []
+    assert config["data"]["regenerate"]["batch_size"] >= 1
