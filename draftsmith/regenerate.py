@@ -21,16 +21,22 @@ DeltaNet), and each slot attends to its own prefix through a per-row mask.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
 
+from .config import content_hash
+from .data import write_parquet
+from .store import tmp_path
 from .taps import body, layer_types
 from .train import sync_device
 
@@ -479,6 +485,37 @@ def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, tem
     out["input_ids"] = new_ids
     out["loss_mask"] = new_mask
     out["num_tokens"] = [len(x) for x in new_ids]
+    return out, stats
+
+
+def cache_key(target: dict, regen: dict, max_length: int, samples: pd.DataFrame) -> str:
+    """What the answers depend on: the target, the decoding settings and the prompts. Not the slot count or the
+    sync interval, which change speed only, so a retry with fewer slots still reuses them."""
+    decoding = {k: v for k, v in regen.items() if k not in ("batch_size", "sync_every", "cuda_graph")}
+    prompts = [np.asarray(ids[:pl]).tobytes().hex() for ids, pl in zip(samples["input_ids"], samples["prompt_len"])]
+    return content_hash(target, decoding, max_length, samples["id"].tolist(), prompts)
+
+
+def regenerate_cached(model, tokenizer, samples: pd.DataFrame, cache: Path, key: str, **kwargs
+                      ) -> tuple[pd.DataFrame, RegenStats | None]:
+    """`regenerate`, with the answers kept in `cache` (a parquet file and its key beside it): a rerun of the job
+    (a retry after running out of memory in extraction, a killed job, new taps or storage) reuses them instead of
+    decoding for hours again. Stats are None when the answers were reused."""
+    stamp = cache.with_suffix(".json")
+    try:
+        if json.loads(stamp.read_text()).get("key") == key:
+            done = pd.read_parquet(cache)
+            if done["id"].tolist() == samples["id"].tolist():
+                log.info("regeneration: reusing %d answers from %s (same target, settings and prompts)", len(done),
+                         cache)
+                return done, None
+    except (OSError, ValueError, KeyError):
+        pass  # no cache, or a torn one: decode
+    out, stats = regenerate(model, tokenizer, samples, **kwargs)
+    write_parquet(out, cache)
+    tmp = tmp_path(stamp)
+    tmp.write_text(json.dumps({"key": key, "answers": len(out)}) + "\n")
+    os.replace(tmp, stamp)
     return out, stats
 
 

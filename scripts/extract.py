@@ -12,7 +12,7 @@ import torch
 from draftsmith import data, extract, gpu_pool, store
 from draftsmith.cli import json_arg, set_threads, setup_logging
 from draftsmith.config import content_hash, resolve_taps
-from draftsmith.regenerate import regenerate
+from draftsmith.regenerate import cache_key, regenerate_cached
 
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("--target", required=True)
@@ -48,11 +48,22 @@ with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
     taps = resolve_taps(cfg.num_hidden_layers, tapcfg)
     regen_stats = None
     if regen.get("enabled"):
-        samples, regen_stats = regenerate(model, tok, samples, int(regen["max_new_tokens"]),
-                                          float(regen["temperature"]), int(dcfg["max_length"]),
-                                          int(regen.get("batch_size", 64)), int(regen.get("seed", 0)),
-                                          float(regen.get("top_p", 1.0)), int(regen.get("sync_every", 8)),
-                                          bool(regen.get("cuda_graph", False)))
+        # answers kept beside the shards, reused by any rerun; a retry after running out of memory also halves
+        # the slots
+        cache = Path(args.out).parent / "regen" / f"{Path(args.out).stem}.parquet"
+        slots = max(1, int(regen.get("batch_size", 64)) // max(1, args.budget_div))
+        try:
+            samples, regen_stats = regenerate_cached(
+                model, tok, samples, cache, cache_key(tcfg, regen, int(dcfg["max_length"]), samples),
+                max_new_tokens=int(regen["max_new_tokens"]), temperature=float(regen["temperature"]),
+                max_length=int(dcfg["max_length"]), slots=slots, seed=int(regen.get("seed", 0)),
+                top_p=float(regen.get("top_p", 1.0)), sync_every=int(regen.get("sync_every", 8)),
+                cuda_graph=bool(regen.get("cuda_graph", False)))
+        except torch.OutOfMemoryError as e:
+            msg = (f"regeneration: out of memory with {slots} slots ({e}). Snakemake retries the job once with half "
+                   f"the slots; if that fails too, set data.regenerate.batch_size below {slots}")
+            logging.error("%s", msg)
+            sys.exit(msg)
     budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))
     logging.info("shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s", args.shard, len(samples),
                  int(samples["num_tokens"].sum()), taps, budget, devices or "cpu")
@@ -80,6 +91,7 @@ manifest = {
     "storage": ecfg.get("storage", "bf16"),
     "regenerated": bool(regen.get("enabled")),
     "regeneration": None if regen_stats is None else asdict(regen_stats),
+    "regeneration_reused": bool(regen.get("enabled")) and regen_stats is None,  # answers from extract/regen/
     "kernels": kernels,
     "num_samples": len(samples),
     "num_tokens": int(samples["num_tokens"].sum()),

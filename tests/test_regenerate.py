@@ -70,9 +70,8 @@ def test_pick_top_p_keeps_the_smallest_prefix():
     assert seen == {0, 1}  # 0.5 < 0.7 <= 0.8: tokens 0 and 1 only
 
 
-def test_regenerate_replaces_the_last_turn(model):
-    prompts = _prompts()
-    samples = pd.DataFrame({
+def _samples(prompts: list[list[int]]) -> pd.DataFrame:
+    return pd.DataFrame({
         "id": [f"s{i}" for i in range(len(prompts))],
         "input_ids": [np.asarray(p + [7, 8, 9], dtype=np.int32) for p in prompts],
         "loss_mask": [np.asarray([0] * len(p) + [1, 1, 1], dtype=np.uint8) for p in prompts],
@@ -80,8 +79,14 @@ def test_regenerate_replaces_the_last_turn(model):
         "num_tokens": [len(p) + 3 for p in prompts],
     })
 
-    class Tok:
-        pad_token_id, eos_token_id = 0, None
+
+class Tok:
+    pad_token_id, eos_token_id = 0, None
+
+
+def test_regenerate_replaces_the_last_turn(model):
+    prompts = _prompts()
+    samples = _samples(prompts)
 
     model.generation_config.eos_token_id = None
     out, stats = regenerate(model, Tok(), samples, max_new_tokens=10, temperature=0.0, max_length=45, slots=4, seed=0)
@@ -129,3 +134,29 @@ def test_eos_ids_join_generation_config_and_tokenizer(model):
         assert eos_ids_of(model, SimpleNamespace(eos_token_id=None)) == []
     finally:
         model.generation_config.eos_token_id = before
+
+
+def test_answers_are_kept_for_a_rerun(model, tmp_path):
+    """A retried or rerun extraction job reuses the answers instead of decoding again, unless what they depend on
+    changed; fewer slots (the out-of-memory retry) still reuse them; a torn cache is decoded again."""
+    from draftsmith.regenerate import cache_key, regenerate_cached
+
+    samples = _samples(_prompts())
+    target, regen = {"model": "tiny"}, {"enabled": True, "max_new_tokens": 6, "temperature": 0.0, "batch_size": 4}
+    key = cache_key(target, regen, 64, samples)
+    cache = tmp_path / "regen" / "shard000.parquet"
+    kw = dict(max_new_tokens=6, temperature=0.0, max_length=64, seed=0)
+    first, stats = regenerate_cached(model, Tok(), samples, cache, key, slots=4, **kw)
+    assert stats is not None and cache.exists()
+    again, stats = regenerate_cached(model, Tok(), samples, cache, cache_key(target, {**regen, "batch_size": 2}, 64,
+                                                                                      samples), slots=2, **kw)
+    assert stats is None
+    assert [a.tolist() for a in again["input_ids"]] == [a.tolist() for a in first["input_ids"]]
+    assert [a.tolist() for a in again["loss_mask"]] == [a.tolist() for a in first["loss_mask"]]
+    for changed in (cache_key(target, {**regen, "max_new_tokens": 5}, 64, samples),
+                    cache_key({"model": "other"}, regen, 64, samples),
+                    cache_key(target, regen, 64, _samples(_prompts(3)))):
+        assert changed != key
+    cache.with_suffix(".json").write_text("{torn")
+    _, stats = regenerate_cached(model, Tok(), samples, cache, key, slots=4, **kw)
+    assert stats is not None

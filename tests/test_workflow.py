@@ -40,6 +40,8 @@ def test_rerun_recomputes_only_the_broken_shard(small_run):
     after = {s: (digest(p), p.stat().st_mtime_ns) for s, p in shards.items()}
     assert after[0] == before[0] and after[2] == before[2]
     assert after[1][0] == before[1][0] and after[1][1] != before[1][1]  # same bytes, new file
+    # its regenerated answers were kept from the first run, not decoded again
+    assert "regeneration: reusing" in (res / "logs/extract/shard001.log").read_text()
 
     # a corrupted shard: validation names it and the check, moves it aside; the next run recomputes it alone
     raw = bytearray(shards[2].read_bytes())
