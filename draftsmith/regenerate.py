@@ -445,6 +445,23 @@ def eos_ids_of(model, tokenizer) -> list[int]:
     return sorted(set(ids))
 
 
+def plan_slots(model, wanted: int, max_len: int, pad_id: int, free_bytes: int, prefill_tokens: int = 16384) -> int:
+    """The slots to decode with: `wanted`, or fewer (with a warning) when they do not fit in `free_bytes`."""
+    per_position, fixed = Engine(model, slots=1, max_len=2, eos_ids=[], pad_id=pad_id).slot_bytes()
+    reserve = prefill_reserve(model, prefill_tokens)
+    fit = fit_slots(wanted, max_len, per_position, fixed, free_bytes, reserve)
+    if fit < 1:
+        need = (per_position * max_len + fixed + fixed // 4 + reserve) / 2**30
+        raise RuntimeError(
+            f"regeneration needs {need:.2f} GiB for one answer of up to {max_len} tokens, and {free_bytes / 2**30:.2f} "
+            "GiB is free beside the weights: lower data.max_length or data.regenerate.max_new_tokens, or give the "
+            "model more GPUs (a larger group)")
+    if fit < wanted:
+        log.warning("regeneration: %d slots of %d tokens do not fit in %.1f GiB free; using %d "
+                    "(data.regenerate.batch_size)", wanted, max_len, free_bytes / 2**30, fit)
+    return fit
+
+
 def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, temperature: float, max_length: int,
                slots: int, seed: int, top_p: float = 1.0, sync_every: int = 8, cuda_graph: bool = False
                ) -> tuple[pd.DataFrame, RegenStats]:
@@ -456,22 +473,8 @@ def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, tem
     slots = max(1, min(slots, len(prompts)))
     device = next(model.parameters()).device
     if device.type == "cuda":  # slots are preallocated: size them to the memory left beside the weights
-        probe = Engine(model, slots=1, max_len=2, eos_ids=[], pad_id=pad)
-        per_position, fixed = probe.slot_bytes()
-        del probe
         torch.cuda.empty_cache()
-        free = torch.cuda.mem_get_info(device)[0]
-        fit = fit_slots(slots, max_len, per_position, fixed, free, prefill_reserve(model, 16384))
-        if fit < 1:
-            need = (per_position * max_len + fixed + fixed // 4 + prefill_reserve(model, 16384)) / 2**30
-            raise RuntimeError(
-                f"regeneration needs {need:.1f} GiB for one answer of up to {max_len} tokens, and {free / 2**30:.1f} GiB "
-                "is free beside the weights: lower data.max_length or data.regenerate.max_new_tokens, or give the model "
-                "more GPUs (a larger group)")
-        if fit < slots:
-            log.warning("regeneration: %d slots of %d tokens do not fit in %.1f GiB free; using %d "
-                        "(data.regenerate.batch_size)", slots, max_len, free / 2**30, fit)
-            slots = fit
+        slots = plan_slots(model, slots, max_len, pad, torch.cuda.mem_get_info(device)[0])
     engine = Engine(model, slots=slots, max_len=max_len, eos_ids=eos_ids_of(model, tokenizer), temperature=temperature,
                     top_p=top_p, seed=seed, sync_every=sync_every, pad_id=pad, cuda_graph=cuda_graph)
     answers, stats = engine.run(prompts, max_new_tokens)

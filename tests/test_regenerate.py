@@ -160,3 +160,19 @@ def test_answers_are_kept_for_a_rerun(model, tmp_path):
     cache.with_suffix(".json").write_text("{torn")
     _, stats = regenerate_cached(model, Tok(), samples, cache, key, slots=4, **kw)
     assert stats is not None
+
+
+def test_plan_slots_fits_memory_and_says_what_to_lower(model, caplog):
+    """The GPU path of `regenerate` sizes its slots with this, from the free memory nvidia reports."""
+    from draftsmith.regenerate import fit_slots, plan_slots, prefill_reserve
+
+    per_position, fixed = Engine(model, slots=1, max_len=2, eos_ids=[]).slot_bytes()
+    reserve = prefill_reserve(model, 16384)
+    one = per_position * 80 + fixed + fixed // 4
+    assert plan_slots(model, 6, 80, 0, reserve + 10 * one) == 6
+    with caplog.at_level("WARNING"):
+        assert plan_slots(model, 6, 80, 0, reserve + 2 * one + one // 2) == 2
+    assert "data.regenerate.batch_size" in caplog.text
+    with pytest.raises(RuntimeError, match="lower data.max_length or data.regenerate.max_new_tokens"):
+        plan_slots(model, 6, 80, 0, reserve + one // 2)
+    assert fit_slots(6, 80, per_position, fixed, reserve + 3 * one, reserve) == 3
