@@ -445,6 +445,10 @@ def eos_ids_of(model, tokenizer) -> list[int]:
     return sorted(set(ids))
 
 
+class NoRoomForAnswers(RuntimeError):
+    """Not even one answer's slot fits beside the weights: a setting must change, a retry cannot help."""
+
+
 def plan_slots(model, wanted: int, max_len: int, pad_id: int, free_bytes: int, prefill_tokens: int = 16384) -> int:
     """The slots to decode with: `wanted`, or fewer (with a warning) when they do not fit in `free_bytes`."""
     per_position, fixed = Engine(model, slots=1, max_len=2, eos_ids=[], pad_id=pad_id).slot_bytes()
@@ -452,7 +456,7 @@ def plan_slots(model, wanted: int, max_len: int, pad_id: int, free_bytes: int, p
     fit = fit_slots(wanted, max_len, per_position, fixed, free_bytes, reserve)
     if fit < 1:
         need = (per_position * max_len + fixed + fixed // 4 + reserve) / 2**30
-        raise RuntimeError(
+        raise NoRoomForAnswers(
             f"regeneration needs {need:.2f} GiB for one answer of up to {max_len} tokens, and {free_bytes / 2**30:.2f} "
             "GiB is free beside the weights: lower data.max_length or data.regenerate.max_new_tokens, or give the "
             "model more GPUs (a larger group)")

@@ -12,7 +12,7 @@ import torch
 from draftsmith import data, extract, gpu_pool, store
 from draftsmith.cli import json_arg, set_threads, setup_logging
 from draftsmith.config import content_hash, resolve_taps
-from draftsmith.regenerate import cache_key, regenerate_cached
+from draftsmith.regenerate import NoRoomForAnswers, cache_key, regenerate_cached
 
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("--target", required=True)
@@ -64,6 +64,9 @@ with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
                    f"the slots; if that fails too, set data.regenerate.batch_size below {slots}")
             logging.error("%s", msg)
             sys.exit(msg)
+        except NoRoomForAnswers as e:
+            logging.error("regeneration: %s", e)
+            sys.exit(f"regeneration: {e}")
     budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))
     logging.info("shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s", args.shard, len(samples),
                  int(samples["num_tokens"].sum()), taps, budget, devices or "cpu")

@@ -164,7 +164,7 @@ def test_answers_are_kept_for_a_rerun(model, tmp_path):
 
 def test_plan_slots_fits_memory_and_says_what_to_lower(model, caplog):
     """The GPU path of `regenerate` sizes its slots with this, from the free memory nvidia reports."""
-    from draftsmith.regenerate import fit_slots, plan_slots, prefill_reserve
+    from draftsmith.regenerate import NoRoomForAnswers, fit_slots, plan_slots, prefill_reserve
 
     per_position, fixed = Engine(model, slots=1, max_len=2, eos_ids=[]).slot_bytes()
     reserve = prefill_reserve(model, 16384)
@@ -173,6 +173,6 @@ def test_plan_slots_fits_memory_and_says_what_to_lower(model, caplog):
     with caplog.at_level("WARNING"):
         assert plan_slots(model, 6, 80, 0, reserve + 2 * one + one // 2) == 2
     assert "data.regenerate.batch_size" in caplog.text
-    with pytest.raises(RuntimeError, match="lower data.max_length or data.regenerate.max_new_tokens"):
+    with pytest.raises(NoRoomForAnswers, match="lower data.max_length or data.regenerate.max_new_tokens"):
         plan_slots(model, 6, 80, 0, reserve + one // 2)
     assert fit_slots(6, 80, per_position, fixed, reserve + 3 * one, reserve) == 3
