@@ -176,3 +176,28 @@ def test_plan_slots_fits_memory_and_says_what_to_lower(model, caplog):
     with pytest.raises(NoRoomForAnswers, match="lower data.max_length or data.regenerate.max_new_tokens"):
         plan_slots(model, 6, 80, 0, reserve + one // 2)
     assert fit_slots(6, 80, per_position, fixed, reserve + 3 * one, reserve) == 3
+
+
+def test_bench_regenerate_cpu_smoke(tmp_path):
+    """The GPU session's regeneration figures come from this script: it must run, and its greedy check must hold
+    where there is no bf16 rounding (the tiny target on the CPU, in fp32)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "regen.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_regenerate.py"
+    res = subprocess.run([sys.executable, str(script), "--shape", "tiny-hybrid", "--batch-sizes", "3,5",
+                          "--generate-batches", "4", "--prompt-len", "12", "--new-tokens", "6",
+                          "--generate-new-tokens", "5", "--check-prompts", "2", "--check-tokens", "6",
+                          "--profile-batch", "3", "--json-out", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["greedy_agreement"] == [6, 6]
+    assert [row["batch"] for row in r["engine"]] == [3, 5] and not any("error" in row for row in r["engine"])
+    assert all(row["new_tokens_per_s"] > 0 and row["decode_tokens_per_s"] >= row["new_tokens_per_s"]
+               for row in r["engine"])
+    same = r["same_prompts"][0]
+    assert same["batch"] == 4 and same["ratio"] > 0 and same["decode_ratio"] > 0
+    assert "Name" in res.stdout  # the profile table
