@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from tqdm import tqdm
 
 from .config import content_hash
 from .data import write_parquet
-from .store import tmp_path
+from .store import write_json
 from .taps import body, layer_types
 from .train import sync_device
 
@@ -423,8 +422,12 @@ def fit_slots(wanted: int, max_len: int, per_position: int, fixed: int, free_byt
     times, because a prefill group (at most a quarter of the slots, see `Engine.group_rows`) holds a copy of its
     rows' states until they are loaded into the slots.
     """
-    per_slot = per_position * max_len + fixed + fixed // 4
-    return max(0, min(wanted, (free_bytes - reserve_bytes) // max(per_slot, 1)))
+    return max(0, min(wanted, (free_bytes - reserve_bytes) // max(slot_need(per_position, fixed, max_len), 1)))
+
+
+def slot_need(per_position: int, fixed: int, max_len: int) -> int:
+    """Bytes one slot of `max_len` positions takes, its prefill copy of the states included (see `fit_slots`)."""
+    return per_position * max_len + fixed + fixed // 4
 
 
 def prefill_reserve(model, prefill_tokens: int) -> int:
@@ -455,7 +458,7 @@ def plan_slots(model, wanted: int, max_len: int, pad_id: int, free_bytes: int, p
     reserve = prefill_reserve(model, prefill_tokens)
     fit = fit_slots(wanted, max_len, per_position, fixed, free_bytes, reserve)
     if fit < 1:
-        need = (per_position * max_len + fixed + fixed // 4 + reserve) / 2**30
+        need = (slot_need(per_position, fixed, max_len) + reserve) / 2**30
         raise NoRoomForAnswers(
             f"regeneration needs {need:.2f} GiB for one answer of up to {max_len} tokens, and {free_bytes / 2**30:.2f} "
             "GiB is free beside the weights: lower data.max_length or data.regenerate.max_new_tokens, or give the "
@@ -520,9 +523,7 @@ def regenerate_cached(model, tokenizer, samples: pd.DataFrame, cache: Path, key:
         pass  # no cache, or a torn one: decode
     out, stats = regenerate(model, tokenizer, samples, **kwargs)
     write_parquet(out, cache)
-    tmp = tmp_path(stamp)
-    tmp.write_text(json.dumps({"key": key, "answers": len(out)}) + "\n")
-    os.replace(tmp, stamp)
+    write_json(stamp, {"key": key, "answers": len(out)})
     return out, stats
 
 
@@ -540,7 +541,6 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int = 
                          min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
     sync_device(device)
     return out[:, ids.shape[1]:].tolist(), time.perf_counter() - t0
-
 
 
 def _timed_engine(model, prompts: list[list[int]], slots: int, new_tokens: int, max_len: int, graph: bool
