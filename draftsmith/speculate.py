@@ -156,7 +156,6 @@ def ancestor_mask(tree: Tree) -> torch.Tensor:
 # The target's own continuation (the autoregressive baseline) and replay.
 
 
-
 def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     if temperature <= 0:
         return int(logits.argmax())

@@ -8,12 +8,10 @@ Without a GPU it runs the tiny shape on the CPU (a smoke run, not a measurement)
 """
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
-from draftsmith import benchmark, extract, regenerate
+from draftsmith import benchmark, extract, regenerate, store
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
@@ -47,5 +45,4 @@ if __name__ == "__main__":
                          a.waves, gen, a.generate_new_tokens, a.check_prompts, a.check_tokens,
                          (False, True) if a.cuda_graph else (False,))
     if a.json_out:
-        Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json_out).write_text(json.dumps(r, indent=2) + "\n")
+        store.write_json(a.json_out, r)
