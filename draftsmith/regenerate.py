@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from . import decode_kernels
 from .config import content_hash
 from .data import write_parquet
 from .store import write_json
@@ -86,6 +87,8 @@ class SlotCache:
 
     def update_recurrent_state(self, state: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
         states = self.layers[layer_idx].recurrent_states
+        if state is states[state_idx]:  # written in place (decode_kernels)
+            return state
         if self.static:
             return states[state_idx].copy_(state)
         states[state_idx] = state  # the kernel's fresh output becomes the state: no extra read and write of it
@@ -140,6 +143,7 @@ class SlotCache:
 
 
 DECODE_ATTENTION = "draftsmith_decode"
+_step_positions: dict[torch.device, torch.Tensor] = {}  # the running step's slot positions, per GPU (fused kernels)
 
 
 def decode_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
@@ -160,6 +164,9 @@ def decode_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     b, hq, _, d = query.shape
     hkv = key.shape[1]
     scale = scaling if scaling is not None else d**-0.5
+    pos = _step_positions.get(query.device)
+    if pos is not None and query.is_cuda and d >= 16 and d & (d - 1) == 0 and key.stride(-1) == 1 and value.stride(-1) == 1:
+        return decode_kernels.attention_(query, key, value, pos, scale), None  # reads only the keys a slot has
     q = query.reshape(b, hkv, hq // hkv, d)  # query head h reads key/value head h // group, as repeat_kv has it
     scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [slots, kv heads, group, length]
     scores = scores.masked_fill(~attention_mask, float("-inf"))
@@ -241,7 +248,7 @@ class Engine:
 
     def __init__(self, model, slots: int, max_len: int, eos_ids: list[int], temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, sync_every: int = 8, prefill_tokens: int = 16384, pad_id: int = 0,
-                 cuda_graph: bool = False):
+                 cuda_graph: bool = False, fused_kernels: bool = True):
         self.model = model
         self.device = next(model.parameters()).device
         self.types = _cache_kinds(model)
@@ -269,6 +276,8 @@ class Engine:
 
         AttentionInterface.register(DECODE_ATTENTION, decode_attention)
         self._configs = _attention_configs(model)
+        # on a GPU the step's attention and Gated DeltaNet updates run on Triton kernels (decode_kernels)
+        self.fused = fused_kernels and decode_kernels.available(self.device)
 
     @torch.inference_mode()
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, object, int]:
@@ -338,6 +347,16 @@ class Engine:
         else:
             self._step_eager()
 
+    def _positions(self) -> dict[torch.device, torch.Tensor]:
+        """The slot positions on every device the model's layers use (copies refreshed in place each step, so a
+        captured graph keeps reading the same tensors)."""
+        if not hasattr(self, "_pos_copies"):
+            devices = {p.device for p in self.model.parameters()} - {self.device}
+            self._pos_copies = {d: torch.empty_like(self.cache.pos, device=d) for d in devices}
+        for copy in self._pos_copies.values():
+            copy.copy_(self.cache.pos)
+        return {self.device: self.cache.pos, **self._pos_copies}
+
     @torch.inference_mode()
     def _step_eager(self) -> None:
         """One token for every slot; only live slots advance. No host synchronisation."""
@@ -348,12 +367,16 @@ class Engine:
         before = [c._attn_implementation_internal for c in self._configs]
         for c in self._configs:  # the step's attention reads each slot's keys once (see decode_attention)
             c._attn_implementation_internal = DECODE_ATTENTION
+        if self.fused:  # the Triton attention reads each slot's keys up to its position, not the whole cache
+            _step_positions.update({dev: p for dev, p in self._positions().items()})
         try:
-            hidden = body(self.model)(input_ids=self.cur[:, None], attention_mask=att, position_ids=pos[:, None],
-                                      past_key_values=self.cache, use_cache=True).last_hidden_state
+            with decode_kernels.fused_decode(self.model, self.fused):
+                hidden = body(self.model)(input_ids=self.cur[:, None], attention_mask=att, position_ids=pos[:, None],
+                                          past_key_values=self.cache, use_cache=True).last_hidden_state
         finally:
             for c, name in zip(self._configs, before):
                 c._attn_implementation_internal = name
+            _step_positions.clear()
         nxt = pick(self.model.lm_head(hidden[:, -1]).float(), self.temperature, self.top_p, self.generator)
         nxt = nxt.to(self.device)  # a no-op unless the head sits on the last GPU of a group
         live = self.live
@@ -543,11 +566,21 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int = 
     return out[:, ids.shape[1]:].tolist(), time.perf_counter() - t0
 
 
-def _timed_engine(model, prompts: list[list[int]], slots: int, new_tokens: int, max_len: int, graph: bool
-                  ) -> tuple[Engine, list[list[int]], RegenStats]:
+def answer_lengths(n: int, longest: int, spread: bool, seed: int = 0) -> list[int]:
+    """Every answer `longest` tokens, or (spread) lengths drawn uniformly from longest/8 to longest: a random-weight
+    target never says EOS, so this stands in for answers that end at different times."""
+    if not spread:
+        return [longest] * n
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(max(1, longest // 8), longest + 1, (n,), generator=g).tolist()
+
+
+def _timed_engine(model, prompts: list[list[int]], slots: int, new_tokens: int | list[int], max_len: int,
+                  graph: bool, fused: bool = True) -> tuple[Engine, list[list[int]], RegenStats]:
     """One engine run after a one-prompt warm-up (kernels, autotuning, allocator, graph capture)."""
     device = next(model.parameters()).device
-    engine = Engine(model, slots=slots, max_len=max_len, eos_ids=[], sync_every=8, cuda_graph=graph)
+    engine = Engine(model, slots=slots, max_len=max_len, eos_ids=[], sync_every=8, cuda_graph=graph,
+                    fused_kernels=fused)
     engine.run(prompts[:1], 8, progress=False)  # every step runs all slots, so this warms the full batch
     sync_device(device)
     if device.type == "cuda":
@@ -557,13 +590,60 @@ def _timed_engine(model, prompts: list[list[int]], slots: int, new_tokens: int, 
     return engine, answers, stats
 
 
-def profile_steps(model, vocab: int, slots: int, prompt_len: int, steps: int = 4, rows: int = 15) -> str:
-    """The top kernels of `steps` eager decode steps with every slot live: where a step's time goes."""
+def same_prompts(model, prompts: list[list[int]], batch: int, lengths: list[int], graph: bool, log=print) -> dict:
+    """`generate` and the engine on the same prompts and answer lengths at the same batch size.
+
+    `generate` takes the prompts `batch` at a time and runs each batch until its longest answer is done (what it
+    does with EOS on: finished rows keep decoding padding); only the `lengths` count as new tokens. The engine gets
+    them all through `batch` slots. Decode-only rates subtract each side's prefill (`generate`: a one-token run of
+    the same batch).
+    """
+    device = next(model.parameters()).device
+    row: dict = {"batch": batch, "prompts": len(prompts), "longest": max(lengths), "new_tokens": sum(lengths)}
+    try:
+        hf_generate(model, prompts[:batch], 2)  # warm-up
+        gen_s = gen_prefill_s = 0.0
+        for i in range(0, len(prompts), batch):
+            group = prompts[i: i + batch]
+            gen_prefill_s += hf_generate(model, group, 1)[1]
+            gen_s += hf_generate(model, group, max(lengths[i: i + batch]))[1]
+    except torch.OutOfMemoryError as e:
+        row["generate_error"] = f"OutOfMemoryError: {str(e).splitlines()[0]}"
+        log(f"same prompts, batch {batch}: generate ran out of memory")
+        return row
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    steps = sum(max(lengths[i: i + batch]) - 1 for i in range(0, len(prompts), batch))
+    row.update(generate_seconds=gen_s, generate_tokens_per_s=row["new_tokens"] / gen_s,
+               generate_step_ms=1e3 * (gen_s - gen_prefill_s) / max(steps, 1),
+               generate_decode_tokens_per_s=(row["new_tokens"] - len(prompts)) / max(gen_s - gen_prefill_s, 1e-9))
+    engine, _, stats = _timed_engine(model, prompts, batch, lengths, len(prompts[0]) + max(lengths) + 1, graph)
+    row.update(cuda_graph=engine.cuda_graph, engine_seconds=stats.seconds, engine_tokens_per_s=stats.new_tokens_per_s,
+               engine_decode_tokens_per_s=stats.decode_tokens_per_s,
+               ratio=stats.new_tokens_per_s / row["generate_tokens_per_s"],
+               decode_ratio=stats.decode_tokens_per_s / row["generate_decode_tokens_per_s"])
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    log(f"same {len(prompts)} prompts at batch {batch}, answers of {min(lengths)}-{max(lengths)} tokens "
+        f"({row['new_tokens']} in all), prefill included: generate {row['generate_tokens_per_s']:.0f} new tok/s "
+        f"({gen_s:.1f}s, {row['generate_step_ms']:.0f} ms a step), engine {row['engine_tokens_per_s']:.0f} "
+        f"({stats.seconds:.1f}s, graph {row['cuda_graph']}): {row['ratio']:.1f}x; decoding alone: generate "
+        f"{row['generate_decode_tokens_per_s']:.0f}, engine {row['engine_decode_tokens_per_s']:.0f}: "
+        f"{row['decode_ratio']:.1f}x")
+    return row
+
+
+def profile_steps(model, vocab: int, slots: int, prompt_len: int, steps: int = 4, rows: int = 15, new_tokens: int = 64,
+                  fused: bool = True) -> str:
+    """The top kernels of `steps` eager decode steps with every slot live: where a step's time goes (each slot's
+    cache holds room for `new_tokens` answers)."""
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(slots)]
-    engine = Engine(model, slots=slots, max_len=prompt_len + 64, eos_ids=[])
+    engine = Engine(model, slots=slots, max_len=prompt_len + new_tokens + 1, eos_ids=[], fused_kernels=fused)
     engine.run(prompts[:1], 4, progress=False)  # warm-up
-    engine._admit(list(range(slots)), prompts, [64] * slots)
+    engine._admit(list(range(slots)), prompts, [new_tokens] * slots)
     for _ in range(2):
         engine._step()
     sync_device(engine.device)
@@ -576,16 +656,23 @@ def profile_steps(model, vocab: int, slots: int, prompt_len: int, steps: int = 4
 
 def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens: int, waves: int,
           generate_batches: list[int], generate_new_tokens: int, check_prompts: int, check_tokens: int,
-          graphs: tuple[bool, ...] = (False,), seed: int = 0, log=print) -> dict:
+          graphs: tuple[bool, ...] = (False,), generate_waves: int = 1, spread: bool = False,
+          unfused_batches: tuple[int, ...] = (), eager_batches: tuple[int, ...] | None = None, seed: int = 0,
+          log=print) -> dict:
     """New tokens/s of the engine at each slot count (prompts = slots x waves, answers of fixed length: EOS off),
-    end to end (prefill included) and for the decode loop alone; then `generate` and the engine on the very same
-    prompts and lengths at the `generate_batches` sizes, for the ratio; plus a greedy agreement check of the first
+    end to end (prefill included) and for the decode loop alone, eager (only at `eager_batches` if given) and as a
+    CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode kernels (their A/B); then `generate` and the engine on the very same prompts and
+    answer lengths at the `generate_batches` sizes (see same_prompts); plus a greedy agreement check of the first
     `check_tokens` tokens against `generate` at batch 1."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
-    top = max(batch_sizes + generate_batches) * max(waves, 1)
+    top = max([b * waves for b in batch_sizes] + [b * generate_waves for b in generate_batches])
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(top)]
-    result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "waves": waves, "engine": [], "generate": []}
+    result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "waves": waves, "engine": []}
+    if decode_kernels.available(device):
+        result["kernel_check"] = decode_kernels.self_check(device)
+        log(f"in-place decode kernels against the functions they replace, largest differences: "
+            f"{ {k: f'{v:.2e}' for k, v in result['kernel_check'].items()} }")
 
     agree, margins, typical = [], [], []
     for p in prompts[:check_prompts]:
@@ -611,67 +698,57 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
         f"{[round(m, 4) for m in typical]}: a difference at a near-tie is rounding, not a bug)")
 
     graph_ok = True
-    graphs = graphs if device.type == "cuda" else (False,)  # CUDA graphs need a GPU
+    if device.type != "cuda":  # CUDA graphs need a GPU: every batch runs eagerly
+        graphs, eager_batches = (False,), None
     for b in batch_sizes:
         eager_answers = None
-        for graph in graphs:
+        variants = [(graph, True) for graph in graphs if graph or eager_batches is None or b in eager_batches]
+        variants += [(graph, False) for graph in graphs if b in unfused_batches]
+        for graph, fused in variants:
             if graph and not graph_ok:
                 continue
             try:
                 engine, answers, stats = _timed_engine(model, prompts[: b * waves], b, new_tokens,
-                                                       prompt_len + new_tokens + 1, graph)
+                                                       prompt_len + new_tokens + 1, graph, fused)
             except Exception as e:  # noqa: BLE001 - a failed variant is a figure too; the others still run
                 log(f"engine  batch {b:4d} graph {graph}: FAILED {type(e).__name__}: {e}")
                 result["engine"].append({"batch": b, "cuda_graph": graph, "error": f"{type(e).__name__}: {e}"})
                 graph_ok = graph_ok and not graph
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
                 continue
-            graph = engine.cuda_graph  # off where there is no GPU
-            row = {"batch": b, "cuda_graph": graph, "new_tokens_per_s": stats.new_tokens_per_s,
+            graph, fused = engine.cuda_graph, engine.fused  # off where there is no GPU
+            row = {"batch": b, "cuda_graph": graph, "fused_kernels": fused,
+                   "new_tokens_per_s": stats.new_tokens_per_s,
                    "decode_tokens_per_s": stats.decode_tokens_per_s, "seconds": stats.seconds,
                    "prefill_seconds": stats.prefill_seconds, "steps": stats.steps,
                    "step_ms": 1e3 * (stats.seconds - stats.prefill_seconds) / max(stats.steps, 1),
                    "cache_gb": engine.cache.nbytes() / 1e9,
                    "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
                    "first_answer_head": answers[0][:8]}
-            if not graph:
+            if eager_answers is None:
                 eager_answers = answers
-            elif eager_answers is not None:  # the replayed graph must decode exactly what the eager step decodes
-                row["answers_equal_eager"] = sum(a == e for a, e in zip(answers, eager_answers)) / len(answers)
-                log(f"engine  batch {b:4d}: graph answers equal to eager answers: {row['answers_equal_eager']:.0%}")
+            else:  # graph and kernel variants must decode what the first variant decoded
+                row["answers_equal_first"] = sum(a == e for a, e in zip(answers, eager_answers)) / len(answers)
             result["engine"].append(row)
-            log(f"engine  batch {b:4d} graph {graph!s:5}: {row['new_tokens_per_s']:7.0f} new tok/s end to end, "
-                f"{row['decode_tokens_per_s']:7.0f} decoding ({stats.steps} steps of {row['step_ms']:.1f} ms, prefill "
-                f"{stats.prefill_seconds:.1f}s of {stats.seconds:.1f}s, cache {row['cache_gb']:.1f} GB, peak "
-                f"{row['peak_gb'] or 0:.1f} GB, first answer starts {row['first_answer_head']})")
+            log(f"engine  batch {b:4d} graph {graph!s:5} fused {fused!s:5}: {row['new_tokens_per_s']:7.0f} new tok/s "
+                f"end to end, {row['decode_tokens_per_s']:7.0f} decoding ({stats.steps} steps of "
+                f"{row['step_ms']:.1f} ms, prefill {stats.prefill_seconds:.1f}s of {stats.seconds:.1f}s, cache "
+                f"{row['cache_gb']:.1f} GB, peak {row['peak_gb'] or 0:.1f} GB, first answer starts "
+                f"{row['first_answer_head']}"
+                + (f", answers equal to the first variant's: {row['answers_equal_first']:.0%})"
+                   if "answers_equal_first" in row else ")"))
             del engine
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the next slot cache is larger; a freed graph pool must not fragment it
+    ok = [r for r in result["engine"] if "error" not in r]
+    best = result["best"] = max(ok, key=lambda r: r["new_tokens_per_s"]) if ok else None
+    if best:
+        log(f"best: {best['new_tokens_per_s']:.0f} new tok/s end to end ({best['decode_tokens_per_s']:.0f} decoding) "
+            f"at batch {best['batch']} (graph {best['cuda_graph']}, fused kernels {best['fused_kernels']})")
     result["same_prompts"] = []
     for b in generate_batches:
-        hf_generate(model, prompts[:b], 2)  # warm-up
-        _, s1 = hf_generate(model, prompts[:b], 1)  # the prefill (and first token) alone
-        _, s = hf_generate(model, prompts[:b], generate_new_tokens)
-        row = {"batch": b, "new_tokens_per_s": b * generate_new_tokens / s, "seconds": s,
-               "decode_tokens_per_s": b * (generate_new_tokens - 1) / max(s - s1, 1e-9)}
-        result["generate"].append(row)
-        engine, _, stats = _timed_engine(model, prompts[:b], b, generate_new_tokens,
-                                         prompt_len + generate_new_tokens + 1, graphs[-1] and graph_ok)
-        graph = engine.cuda_graph
-        same = {"batch": b, "new_tokens": generate_new_tokens, "generate_tokens_per_s": row["new_tokens_per_s"],
-                "engine_tokens_per_s": stats.new_tokens_per_s, "cuda_graph": graph,
-                "ratio": stats.new_tokens_per_s / row["new_tokens_per_s"],
-                "generate_decode_tokens_per_s": row["decode_tokens_per_s"],
-                "engine_decode_tokens_per_s": stats.decode_tokens_per_s,
-                "decode_ratio": stats.decode_tokens_per_s / row["decode_tokens_per_s"]}
-        result["same_prompts"].append(same)
-        log(f"same {b} prompts, {generate_new_tokens} new tokens each, prefill included: generate "
-            f"{same['generate_tokens_per_s']:.0f} new tok/s ({s:.1f}s), engine {same['engine_tokens_per_s']:.0f} "
-            f"(graph {graph}): {same['ratio']:.1f}x; decoding alone (generate's time less its one-token run): "
-            f"generate {row['decode_tokens_per_s']:.0f}, engine {stats.decode_tokens_per_s:.0f}: "
-            f"{same['decode_ratio']:.1f}x")
-    ok = [r for r in result["engine"] if "error" not in r]
-    best = max(ok, key=lambda r: r["new_tokens_per_s"])
-    result["best"] = best
-    log(f"best: {best['new_tokens_per_s']:.0f} new tok/s end to end ({best['decode_tokens_per_s']:.0f} decoding) at "
-        f"batch {best['batch']} (graph {best['cuda_graph']})")
+        n = b * generate_waves
+        lengths = answer_lengths(n, generate_new_tokens, spread, seed)
+        result["same_prompts"].append(same_prompts(model, prompts[:n], b, lengths, graphs[-1] and graph_ok, log))
     return result

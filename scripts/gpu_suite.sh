@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|regen_vs_generate|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -46,9 +46,21 @@ for phase in "$@"; do
     profile)  # top CUDA kernels of the bare forward; torch vs fla short convolution
         CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_extract.py --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"
         ;;
-    regen)  # regeneration engine vs generate, 27B shape: 1k-token answers (REGEN_ARGS=--cuda-graph adds graph steps)
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-128,192,256} --waves ${REGEN_WAVES:-1} \
-            --new-tokens ${REGEN_NEW:-1024} ${REGEN_ARGS:-} --json-out "$OUT/regen.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/regen.log"
+    regen)  # the engine on the 27B shape, 1k-token answers, as a CUDA graph (and eager at 128); kernel checks and times
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-128,256} \
+            --waves ${REGEN_WAVES:-1} --new-tokens ${REGEN_NEW:-1024} --cuda-graph --eager-batches ${REGEN_EAGER:-128} \
+            --unfused-batches "${REGEN_UNFUSED:-}" --kernel-times \
+            --generate-batches "" --check-prompts 2 ${REGEN_ARGS:-} --json-out "$OUT/regen.json" 2>&1 \
+            | grep --line-buffered -v Warning | tee "$OUT/regen.log"
+        ;;
+    regen_vs_generate)  # generate and the engine on the same prompts: fixed 64-token answers, then spread lengths
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes 64 --new-tokens 128 \
+            --cuda-graph --generate-batches ${GEN_BATCHES:-64,128,256} --generate-new-tokens 64 --check-prompts 0 \
+            --json-out "$OUT/regen_vs_generate.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/regen_vs_generate.log"
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes 64 --new-tokens 64 \
+            --cuda-graph --generate-batches ${SPREAD_BATCHES:-64,128} --generate-waves 2 --spread \
+            --generate-new-tokens ${SPREAD_NEW:-192} --check-prompts 0 --json-out "$OUT/regen_spread.json" 2>&1 \
+            | grep --line-buffered -v Warning | tee "$OUT/regen_spread.log"
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}

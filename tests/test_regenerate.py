@@ -190,7 +190,8 @@ def test_bench_regenerate_cpu_smoke(tmp_path):
     script = Path(__file__).resolve().parent.parent / "scripts" / "bench_regenerate.py"
     res = subprocess.run([sys.executable, str(script), "--shape", "tiny-hybrid", "--batch-sizes", "3,5",
                           "--generate-batches", "4", "--prompt-len", "12", "--new-tokens", "6",
-                          "--generate-new-tokens", "5", "--check-prompts", "2", "--check-tokens", "6",
+                          "--generate-new-tokens", "9", "--generate-waves", "2", "--spread",
+                          "--check-prompts", "2", "--check-tokens", "6",
                           "--profile-batch", "3", "--json-out", str(out)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -199,5 +200,6 @@ def test_bench_regenerate_cpu_smoke(tmp_path):
     assert all(row["new_tokens_per_s"] > 0 and row["decode_tokens_per_s"] >= row["new_tokens_per_s"]
                for row in r["engine"])
     same = r["same_prompts"][0]
-    assert same["batch"] == 4 and same["ratio"] > 0 and same["decode_ratio"] > 0
+    assert same["batch"] == 4 and same["prompts"] == 8 and same["ratio"] > 0 and same["decode_ratio"] > 0
+    assert same["longest"] <= 9 and 8 <= same["new_tokens"] < 8 * 9  # spread lengths, counted as generated
     assert "Name" in res.stdout  # the profile table

@@ -1,0 +1,48 @@
+"""The Triton decode kernels: how they are swapped into a model (everywhere) and what they compute (on a GPU).
+
+The kernels themselves only run on CUDA; on a GPU machine the last test compares them with the functions they
+replace. The GPU figures in the README come from `scripts/bench_regenerate.py`, which runs the same check first.
+"""
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from draftsmith import decode_kernels
+from draftsmith.regenerate import Engine
+
+VOCAB = 448
+
+
+def test_fused_decode_swaps_and_restores_the_mixer_functions():
+    model = tiny_model("hybrid", VOCAB, layers=4)
+    module = decode_kernels.mixer_module(model)
+    before = {n: getattr(module, n) for n in ("torch_recurrent_gated_delta_rule", "causal_conv1d_update")}
+    with decode_kernels.fused_decode(model) as swapped:
+        assert swapped
+        assert all(getattr(module, n) is not f for n, f in before.items())
+    assert all(getattr(module, n) is f for n, f in before.items())
+    with pytest.raises(RuntimeError), decode_kernels.fused_decode(model):
+        raise RuntimeError("a failing step")
+    assert all(getattr(module, n) is f for n, f in before.items())  # restored on errors too
+    with decode_kernels.fused_decode(tiny_model("attention", VOCAB, layers=2)) as swapped:
+        assert not swapped  # nothing to swap in an attention-only model
+
+
+def test_wrappers_hand_cpu_calls_to_the_originals():
+    """Off the GPU the wrappers must be transparent: the same answers with and without them."""
+    model = tiny_model("hybrid", VOCAB, layers=4)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (5, 12, 9)]
+    plain, _ = Engine(model, slots=2, max_len=40, eos_ids=[]).run(prompts, 10, progress=False)
+    engine = Engine(model, slots=2, max_len=40, eos_ids=[])
+    engine.fused = True  # as on a GPU: the step runs inside fused_decode (and the kernels see CPU tensors)
+    wrapped, _ = engine.run(prompts, 10, progress=False)
+    assert wrapped == plain
+
+
+@pytest.mark.skipif(not decode_kernels.available(torch.device("cuda")), reason="the Triton kernels need a GPU")
+def test_kernels_match_what_they_replace():
+    err = decode_kernels.self_check(torch.device("cuda"))
+    assert err["recurrent_state"] < 1e-4 and err["recurrent_out"] < 2e-2 and err["conv_state"] == 0
+    assert err["conv_out"] < 0.1 and err["attention"] < 2e-2
