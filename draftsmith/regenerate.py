@@ -266,7 +266,8 @@ class Engine:
         self.live = torch.zeros(slots, dtype=torch.bool, device=d)
         self.out = torch.full((slots, max_len + 1), pad_id, dtype=torch.long, device=d)  # last column: scratch
         # one decode step replayed as a CUDA graph (greedy only: sampling would need the generator in the graph)
-        self.cuda_graph = cuda_graph and self.device.type == "cuda" and temperature <= 0
+        one_gpu = len({p.device for p in model.parameters()}) == 1  # a graph is captured on one device
+        self.cuda_graph = cuda_graph and self.device.type == "cuda" and temperature <= 0 and one_gpu
         self.graph: torch.cuda.CUDAGraph | None = None
         self.cache.static = self.cuda_graph
         self._cols = torch.arange(max_len, device=d)
@@ -493,7 +494,7 @@ def plan_slots(model, wanted: int, max_len: int, pad_id: int, free_bytes: int, p
 
 
 def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, temperature: float, max_length: int,
-               slots: int, seed: int, top_p: float = 1.0, sync_every: int = 8, cuda_graph: bool = False
+               slots: int, seed: int, top_p: float = 1.0, sync_every: int = 8, cuda_graph: bool = True
                ) -> tuple[pd.DataFrame, RegenStats]:
     """Replaces each last assistant turn with the target's own answer (drafters learn the target, not the data)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

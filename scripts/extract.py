@@ -58,7 +58,7 @@ with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
                 max_new_tokens=int(regen["max_new_tokens"]), temperature=float(regen["temperature"]),
                 max_length=int(dcfg["max_length"]), slots=slots, seed=int(regen.get("seed", 0)),
                 top_p=float(regen.get("top_p", 1.0)), sync_every=int(regen.get("sync_every", 8)),
-                cuda_graph=bool(regen.get("cuda_graph", False)))
+                cuda_graph=bool(regen.get("cuda_graph", True)))
         except torch.OutOfMemoryError as e:
             msg = (f"regeneration: out of memory with {slots} slots ({e}). Snakemake retries the job once with half "
                    f"the slots; if that fails too, set data.regenerate.batch_size below {slots}")
