@@ -251,6 +251,11 @@ class Engine:
                  cuda_graph: bool = False, fused_kernels: bool = True):
         self.model = model
         self.device = next(model.parameters()).device
+        sliding = sorted({i for i, t in enumerate(layer_types(model)) if "sliding" in t})
+        if sliding:  # Transformers keeps only a window of their keys; slots would need a per-slot window start
+            raise NotImplementedError(
+                f"regeneration does not support sliding-window attention yet (layers {sliding} of this target); "
+                "set data.regenerate.enabled: false and bring answers made by a serving engine")
         self.types = _cache_kinds(model)
         self.slots, self.max_len, self.sync_every, self.prefill_tokens = slots, max_len, sync_every, prefill_tokens
         self.group_rows = -(-slots // 4)  # prompts prefilled together: bounds the prefill's copy of their states

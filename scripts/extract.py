@@ -64,7 +64,7 @@ with gpu_pool.acquire(plan["gpus_per_copy"]) as devices:
                    f"the slots; if that fails too, set data.regenerate.batch_size below {slots}")
             logging.error("%s", msg)
             sys.exit(msg)
-        except NoRoomForAnswers as e:
+        except (NoRoomForAnswers, NotImplementedError) as e:
             logging.error("regeneration: %s", e)
             sys.exit(f"regeneration: {e}")
     budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))

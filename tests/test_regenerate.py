@@ -203,3 +203,11 @@ def test_bench_regenerate_cpu_smoke(tmp_path):
     assert same["batch"] == 4 and same["prompts"] == 8 and same["ratio"] > 0 and same["decode_ratio"] > 0
     assert same["longest"] <= 9 and 8 <= same["new_tokens"] < 8 * 9  # spread lengths, counted as generated
     assert "Name" in res.stdout  # the profile table
+
+
+def test_sliding_window_targets_get_a_clear_error():
+    """Transformers keeps only the window of a sliding layer's keys, which the slots cannot take yet: say so."""
+    model = tiny_model("attention", VOCAB, layers=2, use_sliding_window=True, sliding_window=5,
+                       layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(NotImplementedError, match=r"sliding-window attention yet \(layers \[0\].*regenerate.enabled"):
+        Engine(model, slots=2, max_len=40, eos_ids=[])
