@@ -6,8 +6,9 @@ slot, read and written once more every step (13 ms of a 57 ms step at 128 slots)
 convolution update without the `causal_conv1d` package is a concatenation, a copy, a grouped `conv1d`, an
 activation and a cast. Both become one kernel each that reads a state once and writes it back where it was.
 
-`fused_decode(model)` swaps them in for Transformers' functions of that model's family while a decode step runs
-(eager or captured), on CUDA with Triton; anything else (prefill, several tokens, the CPU) goes to the original.
+`fused_decode(mixer_module(model))` swaps them in for Transformers' functions of that model's family while a decode
+step runs (eager or captured), on CUDA with Triton; anything else (prefill, several tokens, the CPU) goes to the
+original. The attention kernel is called by the engine's own attention function (regenerate.decode_attention).
 """
 
 from __future__ import annotations
@@ -230,9 +231,9 @@ def mixer_module(model):
 
 
 @contextlib.contextmanager
-def fused_decode(model, enabled: bool = True):
-    """While active, the model's one-token Gated DeltaNet calls run on the in-place kernels above."""
-    module = mixer_module(model) if enabled else None
+def fused_decode(module):
+    """While active, the one-token Gated DeltaNet calls of `module` (see mixer_module; None: nothing to swap) run on
+    the in-place kernels above."""
     names = [n for n in (_RECURRENT, _CONV) if module is not None and callable(getattr(module, n, None))]
     saved = {n: getattr(module, n) for n in names}
     wrap = {_RECURRENT: _fused_recurrent, _CONV: _fused_conv}

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import faults, store
+from . import decode_kernels, faults, store
 from .taps import forward_taps, layer_types
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,7 @@ def use_fla_conv(model) -> bool:
         out, _state = causal_conv1d(x, weight, bias, activation=activation)
         return out.transpose(1, 2)
 
-    mixer = next((m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")), None)
-    module = importlib.import_module(type(mixer).__module__) if mixer is not None else None
+    module = decode_kernels.mixer_module(model)
     installed = module is not None and getattr(module, "causal_conv1d_fn", None) is not None
     installed = installed and importlib.util.find_spec("causal_conv1d") is None  # the CUDA package wins if present
     if installed:

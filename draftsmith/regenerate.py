@@ -165,7 +165,8 @@ def decode_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     hkv = key.shape[1]
     scale = scaling if scaling is not None else d**-0.5
     pos = _step_positions.get(query.device)
-    if pos is not None and query.is_cuda and d >= 16 and d & (d - 1) == 0 and key.stride(-1) == 1 and value.stride(-1) == 1:
+    kernel_ok = query.is_cuda and d >= 16 and d & (d - 1) == 0 and key.stride(-1) == 1 and value.stride(-1) == 1
+    if pos is not None and kernel_ok:
         return decode_kernels.attention_(query, key, value, pos, scale), None  # reads only the keys a slot has
     q = query.reshape(b, hkv, hq // hkv, d)  # query head h reads key/value head h // group, as repeat_kv has it
     scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [slots, kv heads, group, length]
@@ -271,7 +272,8 @@ class Engine:
         self.live = torch.zeros(slots, dtype=torch.bool, device=d)
         self.out = torch.full((slots, max_len + 1), pad_id, dtype=torch.long, device=d)  # last column: scratch
         # one decode step replayed as a CUDA graph (greedy only: sampling would need the generator in the graph)
-        one_gpu = len({p.device for p in model.parameters()}) == 1  # a graph is captured on one device
+        devices = {p.device for p in model.parameters()}
+        one_gpu = len(devices) == 1  # a graph is captured on one device
         self.cuda_graph = cuda_graph and self.device.type == "cuda" and temperature <= 0 and one_gpu
         self.graph: torch.cuda.CUDAGraph | None = None
         self.cache.static = self.cuda_graph
@@ -284,6 +286,10 @@ class Engine:
         self._configs = _attention_configs(model)
         # on a GPU the step's attention and Gated DeltaNet updates run on Triton kernels (decode_kernels)
         self.fused = fused_kernels and decode_kernels.available(self.device)
+        self._mixer = decode_kernels.mixer_module(model) if self.fused else None
+        # the slot positions the Triton attention reads, on every device of the model (refreshed in place each
+        # step, so a captured graph keeps reading the same tensors)
+        self._pos_copies = {dev: torch.empty_like(self.cache.pos, device=dev) for dev in devices - {self.device}}
 
     @torch.inference_mode()
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, object, int]:
@@ -353,16 +359,6 @@ class Engine:
         else:
             self._step_eager()
 
-    def _positions(self) -> dict[torch.device, torch.Tensor]:
-        """The slot positions on every device the model's layers use (copies refreshed in place each step, so a
-        captured graph keeps reading the same tensors)."""
-        if not hasattr(self, "_pos_copies"):
-            devices = {p.device for p in self.model.parameters()} - {self.device}
-            self._pos_copies = {d: torch.empty_like(self.cache.pos, device=d) for d in devices}
-        for copy in self._pos_copies.values():
-            copy.copy_(self.cache.pos)
-        return {self.device: self.cache.pos, **self._pos_copies}
-
     @torch.inference_mode()
     def _step_eager(self) -> None:
         """One token for every slot; only live slots advance. No host synchronisation."""
@@ -374,9 +370,11 @@ class Engine:
         for c in self._configs:  # the step's attention reads each slot's keys once (see decode_attention)
             c._attn_implementation_internal = DECODE_ATTENTION
         if self.fused:  # the Triton attention reads each slot's keys up to its position, not the whole cache
-            _step_positions.update({dev: p for dev, p in self._positions().items()})
+            for copy in self._pos_copies.values():
+                copy.copy_(pos)
+            _step_positions.update({self.device: pos, **self._pos_copies})
         try:
-            with decode_kernels.fused_decode(self.model, self.fused):
+            with decode_kernels.fused_decode(self._mixer):
                 hidden = body(self.model)(input_ids=self.cur[:, None], attention_mask=att, position_ids=pos[:, None],
                                           past_key_values=self.cache, use_cache=True).last_hidden_state
         finally:
@@ -667,9 +665,9 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
           log=print) -> dict:
     """New tokens/s of the engine at each slot count (prompts = slots x waves, answers of fixed length: EOS off),
     end to end (prefill included) and for the decode loop alone, eager (only at `eager_batches` if given) and as a
-    CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode kernels (their A/B); then `generate` and the engine on the very same prompts and
-    answer lengths at the `generate_batches` sizes (see same_prompts); plus a greedy agreement check of the first
-    `check_tokens` tokens against `generate` at batch 1."""
+    CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode kernels (their A/B); then
+    `generate` and the engine on the very same prompts and answer lengths at the `generate_batches` sizes (see
+    same_prompts); plus a greedy agreement check of the first `check_tokens` tokens against `generate` at batch 1."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     top = max([b * waves for b in batch_sizes] + [b * generate_waves for b in generate_batches])

@@ -47,7 +47,8 @@ if __name__ == "__main__":
           f"{extract.report_kernels(model)}")
     if a.kernel_times and device.type == "cuda":
         for slots in (64, 128):
-            print(f"decode kernels, one layer at {slots} slots, ms per call:", decode_kernels.time_kernels(device, slots))
+            times = decode_kernels.time_kernels(device, slots)
+            print(f"decode kernels, one layer at {slots} slots, ms per call:", times)
     if a.profile_batch:
         for fused in (True, False) if device.type == "cuda" else (True,):
             print(f"profile at batch {a.profile_batch}, in-place kernels {fused}:")

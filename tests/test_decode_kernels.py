@@ -18,14 +18,15 @@ def test_fused_decode_swaps_and_restores_the_mixer_functions():
     model = tiny_model("hybrid", VOCAB, layers=4)
     module = decode_kernels.mixer_module(model)
     before = {n: getattr(module, n) for n in ("torch_recurrent_gated_delta_rule", "causal_conv1d_update")}
-    with decode_kernels.fused_decode(model) as swapped:
+    with decode_kernels.fused_decode(module) as swapped:
         assert swapped
         assert all(getattr(module, n) is not f for n, f in before.items())
     assert all(getattr(module, n) is f for n, f in before.items())
-    with pytest.raises(RuntimeError), decode_kernels.fused_decode(model):
+    with pytest.raises(RuntimeError), decode_kernels.fused_decode(module):
         raise RuntimeError("a failing step")
     assert all(getattr(module, n) is f for n, f in before.items())  # restored on errors too
-    with decode_kernels.fused_decode(tiny_model("attention", VOCAB, layers=2)) as swapped:
+    attention_only = decode_kernels.mixer_module(tiny_model("attention", VOCAB, layers=2))
+    with decode_kernels.fused_decode(attention_only) as swapped:
         assert not swapped  # nothing to swap in an attention-only model
 
 
@@ -37,6 +38,7 @@ def test_wrappers_hand_cpu_calls_to_the_originals():
     plain, _ = Engine(model, slots=2, max_len=40, eos_ids=[]).run(prompts, 10, progress=False)
     engine = Engine(model, slots=2, max_len=40, eos_ids=[])
     engine.fused = True  # as on a GPU: the step runs inside fused_decode (and the kernels see CPU tensors)
+    engine._mixer = decode_kernels.mixer_module(model)
     wrapped, _ = engine.run(prompts, 10, progress=False)
     assert wrapped == plain
 
