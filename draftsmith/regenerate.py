@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -211,6 +211,7 @@ class RegenStats:
     prefill_tokens: int = 0
     seconds: float = 0.0
     prefill_seconds: float = 0.0
+    admissions: list = field(default_factory=list)  # (prompts prefilled together, seconds) per admission
 
     @property
     def new_tokens_per_s(self) -> float:
@@ -226,6 +227,16 @@ class RegenStats:
                 f"({self.new_tokens_per_s:.0f} new tokens/s, {self.decode_tokens_per_s:.0f} while decoding; "
                 f"{self.steps} decode steps, prefill "
                 f"{self.prefill_tokens} tokens in {self.prefill_seconds:.1f}s)")
+
+    def admission_summary(self) -> str:
+        """Per group size: how many admissions, their seconds in all and the slowest (a first one of a size pays
+        for compiling kernels specialised on it)."""
+        sizes = sorted({n for n, _ in self.admissions})
+        parts = []
+        for n in sizes:
+            t = [s for m, s in self.admissions if m == n]
+            parts.append(f"{n}: {len(t)}x {sum(t):.2f}s (max {max(t):.2f}s)")
+        return "admissions by group size: " + ", ".join(parts)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,7 +260,7 @@ class Engine:
 
     def __init__(self, model, slots: int, max_len: int, eos_ids: list[int], temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, sync_every: int = 8, prefill_tokens: int = 16384, pad_id: int = 0,
-                 cuda_graph: bool = False, fused_kernels: bool = True):
+                 cuda_graph: bool = False, fused_kernels: bool = True, pow2_groups: bool = True):
         self.model = model
         self.device = next(model.parameters()).device
         sliding = sorted({i for i, t in enumerate(layer_types(model)) if "sliding" in t})
@@ -260,6 +271,10 @@ class Engine:
         self.types = _cache_kinds(model)
         self.slots, self.max_len, self.sync_every, self.prefill_tokens = slots, max_len, sync_every, prefill_tokens
         self.group_rows = -(-slots // 4)  # prompts prefilled together: bounds the prefill's copy of their states
+        # fla's prefill kernels are compiled and autotuned once per batch size (it is a constexpr there): refills
+        # of 1, 2, 3, ... prompts would pay that (about 2 s on an H200) for each new size, so groups are cut to
+        # powers of two
+        self.pow2_groups = pow2_groups
         self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
         head = model.get_output_embeddings().weight.device  # where the logits are (the last GPU of a group)
@@ -414,10 +429,16 @@ class Engine:
                 while (queue and len(group) < min(len(free), self.group_rows)
                        and (len(group) + 1) * len(prompts[group[0]]) <= self.prefill_tokens):
                     group.append(queue.popleft())
+                if self.pow2_groups:  # the rest goes back to the front of the queue: the next group
+                    keep = 1 << (len(group).bit_length() - 1)
+                    queue.extendleft(reversed(group[keep:]))
+                    group = group[:keep]
                 slots = [free.pop(0) for _ in group]
                 tp = time.perf_counter()
                 self._admit(slots, [prompts[i] for i in group], [limits[i] for i in group])
+                sync_device(self.device)  # the prefill's own time, not charged to the next steps
                 stats.prefill_seconds += time.perf_counter() - tp
+                stats.admissions.append((len(group), time.perf_counter() - tp))
                 stats.prefill_tokens += sum(len(prompts[i]) for i in group)
                 for s, i in zip(slots, group):
                     owner[s] = i
@@ -579,12 +600,40 @@ def answer_lengths(n: int, longest: int, spread: bool, seed: int = 0) -> list[in
     return torch.randint(max(1, longest // 8), longest + 1, (n,), generator=g).tolist()
 
 
+def admit_times(model, vocab: int, prompt_len: int, sizes: list[int], pow2_groups: bool = True, seed: int = 0,
+                log=print) -> list[dict]:
+    """Seconds to admit (prefill and load into slots) a group of each size of `prompt_len`-token prompts, the first
+    time and again: the first includes compiling and autotuning whatever kernels are specialised on that size."""
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(max(sizes))]
+    engine = Engine(model, slots=max(sizes), max_len=prompt_len + 2, eos_ids=[], pow2_groups=pow2_groups)
+    rows = []
+    for size in sizes:
+        times = []
+        for _ in range(2):
+            sync_device(device)
+            t0 = time.perf_counter()
+            engine._admit(list(range(size)), prompts[:size], [1] * size)
+            sync_device(device)
+            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        engine._prefill(prompts[:size])
+        sync_device(device)
+        rows.append({"group": size, "first_s": times[0], "again_s": times[1], "prefill_s": time.perf_counter() - t0,
+                     "tokens_per_s": size * prompt_len / times[1]})
+        log(f"admit {size:3d} prompts of {prompt_len}: first {times[0]:.2f}s, again {times[1]:.3f}s (prefill alone "
+            f"{rows[-1]['prefill_s']:.3f}s, {rows[-1]['tokens_per_s']:.0f} prompt tok/s)")
+    return rows
+
+
 def _timed_engine(model, prompts: list[list[int]], slots: int, new_tokens: int | list[int], max_len: int,
-                  graph: bool, fused: bool = True) -> tuple[Engine, list[list[int]], RegenStats]:
+                  graph: bool, fused: bool = True, pow2_groups: bool = True
+                  ) -> tuple[Engine, list[list[int]], RegenStats]:
     """One engine run after a one-prompt warm-up (kernels, autotuning, allocator, graph capture)."""
     device = next(model.parameters()).device
     engine = Engine(model, slots=slots, max_len=max_len, eos_ids=[], sync_every=8, cuda_graph=graph,
-                    fused_kernels=fused)
+                    fused_kernels=fused, pow2_groups=pow2_groups)
     engine.run(prompts[:1], 8, progress=False)  # every step runs all slots, so this warms the full batch
     sync_device(device)
     if device.type == "cuda":
@@ -594,7 +643,8 @@ def _timed_engine(model, prompts: list[list[int]], slots: int, new_tokens: int |
     return engine, answers, stats
 
 
-def same_prompts(model, prompts: list[list[int]], batch: int, lengths: list[int], graph: bool, log=print) -> dict:
+def same_prompts(model, prompts: list[list[int]], batch: int, lengths: list[int], graph: bool, log=print,
+                 pow2_groups: bool = True) -> dict:
     """`generate` and the engine on the same prompts and answer lengths at the same batch size.
 
     `generate` takes the prompts `batch` at a time and runs each batch until its longest answer is done (what it
@@ -622,18 +672,30 @@ def same_prompts(model, prompts: list[list[int]], batch: int, lengths: list[int]
     row.update(generate_seconds=gen_s, generate_tokens_per_s=row["new_tokens"] / gen_s,
                generate_step_ms=1e3 * (gen_s - gen_prefill_s) / max(steps, 1),
                generate_decode_tokens_per_s=(row["new_tokens"] - len(prompts)) / max(gen_s - gen_prefill_s, 1e-9))
-    engine, _, stats = _timed_engine(model, prompts, batch, lengths, len(prompts[0]) + max(lengths) + 1, graph)
-    row.update(cuda_graph=engine.cuda_graph, engine_seconds=stats.seconds, engine_tokens_per_s=stats.new_tokens_per_s,
+    engine, _, stats = _timed_engine(model, prompts, batch, lengths, len(prompts[0]) + max(lengths) + 1, graph,
+                                     pow2_groups=pow2_groups)
+    row.update(cuda_graph=engine.cuda_graph, pow2_groups=pow2_groups, engine_seconds=stats.seconds,
+               engine_prefill_seconds=stats.prefill_seconds, engine_tokens_per_s=stats.new_tokens_per_s,
                engine_decode_tokens_per_s=stats.decode_tokens_per_s,
                ratio=stats.new_tokens_per_s / row["generate_tokens_per_s"],
                decode_ratio=stats.decode_tokens_per_s / row["generate_decode_tokens_per_s"])
+    log(f"engine, {stats.admission_summary()}")
+    # the same prompts again on the same engine: what a long job sees once every kernel is compiled and tuned
+    sync_device(device)
+    again = engine.run(prompts, lengths, progress=False)[1]
+    row.update(engine_again_seconds=again.seconds, engine_again_prefill_seconds=again.prefill_seconds,
+               engine_again_tokens_per_s=again.new_tokens_per_s,
+               ratio_again=again.new_tokens_per_s / row["generate_tokens_per_s"])
+    log(f"engine again on the same prompts: {again.new_tokens_per_s:.0f} new tok/s ({again.seconds:.1f}s, "
+        f"{again.prefill_seconds:.1f}s of it prefill): {row['ratio_again']:.1f}x generate; {again.admission_summary()}")
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
     log(f"same {len(prompts)} prompts at batch {batch}, answers of {min(lengths)}-{max(lengths)} tokens "
         f"({row['new_tokens']} in all), prefill included: generate {row['generate_tokens_per_s']:.0f} new tok/s "
         f"({gen_s:.1f}s, {row['generate_step_ms']:.0f} ms a step), engine {row['engine_tokens_per_s']:.0f} "
-        f"({stats.seconds:.1f}s, graph {row['cuda_graph']}): {row['ratio']:.1f}x; decoding alone: generate "
+        f"({stats.seconds:.1f}s, {stats.prefill_seconds:.1f}s of it prefill, graph {row['cuda_graph']}, groups of "
+        f"powers of two {pow2_groups}): {row['ratio']:.1f}x; decoding alone: generate "
         f"{row['generate_decode_tokens_per_s']:.0f}, engine {row['engine_decode_tokens_per_s']:.0f}: "
         f"{row['decode_ratio']:.1f}x")
     return row
@@ -662,7 +724,7 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
           generate_batches: list[int], generate_new_tokens: int, check_prompts: int, check_tokens: int,
           graphs: tuple[bool, ...] = (False,), generate_waves: int = 1, spread: bool = False,
           unfused_batches: tuple[int, ...] = (), eager_batches: tuple[int, ...] | None = None, seed: int = 0,
-          log=print) -> dict:
+          pow2_groups: bool = True, log=print) -> dict:
     """New tokens/s of the engine at each slot count (prompts = slots x waves, answers of fixed length: EOS off),
     end to end (prefill included) and for the decode loop alone, eager (only at `eager_batches` if given) and as a
     CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode kernels (their A/B); then
@@ -670,7 +732,7 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
     same_prompts); plus a greedy agreement check of the first `check_tokens` tokens against `generate` at batch 1."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
-    top = max([b * waves for b in batch_sizes] + [b * generate_waves for b in generate_batches])
+    top = max([b * waves for b in batch_sizes] + [b * generate_waves for b in generate_batches], default=0)
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(top)]
     result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "waves": waves, "engine": []}
     if decode_kernels.available(device):
@@ -754,5 +816,6 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
     for b in generate_batches:
         n = b * generate_waves
         lengths = answer_lengths(n, generate_new_tokens, spread, seed)
-        result["same_prompts"].append(same_prompts(model, prompts[:n], b, lengths, graphs[-1] and graph_ok, log))
+        result["same_prompts"].append(same_prompts(model, prompts[:n], b, lengths, graphs[-1] and graph_ok, log,
+                                                   pow2_groups))
     return result

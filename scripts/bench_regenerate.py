@@ -34,6 +34,9 @@ if __name__ == "__main__":
     p.add_argument("--cuda-graph", action="store_true", help="also time the engine with its step as a CUDA graph")
     p.add_argument("--profile-batch", type=int, default=0, help="first print the top kernels of decode steps at this batch")
     p.add_argument("--kernel-times", action="store_true", help="first time the in-place decode kernels alone")
+    p.add_argument("--admit-sizes", default="", help="first time admitting prompt groups of these sizes, cold and warm")
+    p.add_argument("--any-group-size", action="store_true",
+                   help="prefill refill groups of any size, not only powers of two (the A/B of Engine.pow2_groups)")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -54,12 +57,18 @@ if __name__ == "__main__":
             print(f"profile at batch {a.profile_batch}, in-place kernels {fused}:")
             print(regenerate.profile_steps(model, model.config.get_text_config().vocab_size, a.profile_batch,
                                            a.prompt_len, new_tokens=a.new_tokens, fused=fused))
+    admit = []
+    if a.admit_sizes:
+        admit = regenerate.admit_times(model, model.config.get_text_config().vocab_size, a.prompt_len,
+                                       [int(x) for x in a.admit_sizes.split(",")])
     sizes = [int(x) for x in a.batch_sizes.split(",") if x]
     gen = [int(x) for x in a.generate_batches.split(",") if x]
     r = regenerate.bench(model, model.config.get_text_config().vocab_size, sizes, a.prompt_len, a.new_tokens,
                          a.waves, gen, a.generate_new_tokens, a.check_prompts, a.check_tokens,
                          (False, True) if a.cuda_graph else (False,), a.generate_waves, a.spread,
                          tuple(int(x) for x in a.unfused_batches.split(",") if x),
-                         None if a.eager_batches is None else tuple(int(x) for x in a.eager_batches.split(",") if x))
+                         None if a.eager_batches is None else tuple(int(x) for x in a.eager_batches.split(",") if x),
+                         pow2_groups=not a.any_group_size)
+    r["admit"] = admit
     if a.json_out:
         store.write_json(a.json_out, r)

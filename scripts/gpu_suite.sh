@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|regen_vs_generate|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|regen_vs_generate|regen_refill|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -61,6 +61,19 @@ for phase in "$@"; do
             --cuda-graph --generate-batches ${SPREAD_BATCHES:-64,128} --generate-waves 2 --spread \
             --generate-new-tokens ${SPREAD_NEW:-192} --check-prompts 0 --json-out "$OUT/regen_spread.json" 2>&1 \
             | grep --line-buffered -v Warning | tee "$OUT/regen_spread.log"
+        ;;
+    regen_refill)  # refill prefills: admission time per group size (cold, warm), then spread answers with refill
+        # groups of any size against powers of two; each process gets an empty Triton cache, as a new job would
+        CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_regenerate.py --shape $SHAPE \
+            --batch-sizes "" --generate-batches "" --check-prompts 0 --admit-sizes ${ADMIT_SIZES:-1,2,3,4,5,6,7,8,16} \
+            --json-out "$OUT/regen_admit.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/regen_admit.log"
+        for mode in --any-group-size ""; do
+            CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_regenerate.py --shape $SHAPE \
+                --batch-sizes "" --cuda-graph --generate-batches ${SPREAD_BATCHES:-64} --generate-waves 2 --spread \
+                --generate-new-tokens ${SPREAD_NEW:-256} --check-prompts 0 $mode \
+                --json-out "$OUT/regen_refill${mode:+_any}.json" 2>&1 | grep --line-buffered -v Warning \
+                | tee "$OUT/regen_refill${mode:+_any}.log"
+        done
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}

@@ -40,6 +40,22 @@ def test_greedy_equals_generate_with_refill_and_eos(model):
     assert stats.new_tokens == sum(len(r) for r in refs)
 
 
+def test_prefill_groups_are_powers_of_two(model):
+    """fla compiles its prefill kernels once per batch size, so the engine admits groups of 1, 2, 4, ... prompts
+    only; the answers must not depend on how the prompts were grouped."""
+    prompts = _prompts()
+    refs = [_reference(model, p, 10, None) for p in prompts]
+    runs = {}
+    for pow2 in (True, False):
+        engine = Engine(model, slots=12, max_len=80, eos_ids=[], sync_every=4, pow2_groups=pow2)  # groups of <= 3
+        got, stats = engine.run(prompts, 10, progress=False)
+        assert got == refs
+        runs[pow2] = [n for n, _ in stats.admissions]
+        assert sum(runs[pow2]) == len(prompts)
+    assert all(n & (n - 1) == 0 for n in runs[True]), runs
+    assert 3 in runs[False]  # without the rule, the same queue gives a group of three
+
+
 def test_answer_is_capped_by_the_cache_length(model):
     prompts = _prompts()
     engine = Engine(model, slots=4, max_len=30, eos_ids=[], sync_every=3)
