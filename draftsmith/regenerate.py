@@ -533,7 +533,7 @@ def regenerate(model, tokenizer, samples: pd.DataFrame, max_new_tokens: int, tem
     engine = Engine(model, slots=slots, max_len=max_len, eos_ids=eos_ids_of(model, tokenizer), temperature=temperature,
                     top_p=top_p, seed=seed, sync_every=sync_every, pad_id=pad, cuda_graph=cuda_graph)
     answers, stats = engine.run(prompts, max_new_tokens)
-    log.info("regenerated %s", stats.summary())
+    log.info("regenerated %s; %s", stats.summary(), stats.admission_summary())
     new_ids, new_mask = [], []
     for k, (p, resp) in enumerate(zip(prompts, answers)):
         old_mask = np.asarray(samples["loss_mask"].iloc[k][: len(p)], dtype=np.uint8)
@@ -724,15 +724,16 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
           generate_batches: list[int], generate_new_tokens: int, check_prompts: int, check_tokens: int,
           graphs: tuple[bool, ...] = (False,), generate_waves: int = 1, spread: bool = False,
           unfused_batches: tuple[int, ...] = (), eager_batches: tuple[int, ...] | None = None, seed: int = 0,
-          pow2_groups: bool = True, log=print) -> dict:
+          pow2_groups: bool = True, spread_engine: bool = False, again: bool = False, log=print) -> dict:
     """New tokens/s of the engine at each slot count (prompts = slots x waves, answers of fixed length: EOS off),
     end to end (prefill included) and for the decode loop alone, eager (only at `eager_batches` if given) and as a
     CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode kernels (their A/B); then
     `generate` and the engine on the very same prompts and answer lengths at the `generate_batches` sizes (see
-    same_prompts); plus a greedy agreement check of the first `check_tokens` tokens against `generate` at batch 1."""
+    same_prompts). `spread_engine` gives the engine rows answer lengths from 1/8 to all of `new_tokens`, and
+    `again` reruns each of them on the warm engine. Plus a greedy agreement check of the first `check_tokens` tokens against `generate` at batch 1."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
-    top = max([b * waves for b in batch_sizes] + [b * generate_waves for b in generate_batches], default=0)
+    top = max([b * waves for b in batch_sizes] + [b * generate_waves for b in generate_batches] + [check_prompts])
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(top)]
     result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "waves": waves, "engine": []}
     if decode_kernels.available(device):
@@ -774,8 +775,9 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
             if graph and not graph_ok:
                 continue
             try:
-                engine, answers, stats = _timed_engine(model, prompts[: b * waves], b, new_tokens,
-                                                       prompt_len + new_tokens + 1, graph, fused)
+                lengths = answer_lengths(b * waves, new_tokens, spread_engine, seed)
+                engine, answers, stats = _timed_engine(model, prompts[: b * waves], b, lengths,
+                                                       prompt_len + new_tokens + 1, graph, fused, pow2_groups)
             except Exception as e:  # noqa: BLE001 - a failed variant is a figure too; the others still run
                 log(f"engine  batch {b:4d} graph {graph}: FAILED {type(e).__name__}: {e}")
                 result["engine"].append({"batch": b, "cuda_graph": graph, "error": f"{type(e).__name__}: {e}"})
@@ -804,6 +806,14 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
                 f"{row['first_answer_head']}"
                 + (f", answers equal to the first variant's: {row['answers_equal_first']:.0%})"
                    if "answers_equal_first" in row else ")"))
+            if again:  # the same prompts on the warm engine: kernels for every group size compiled and tuned
+                sync_device(device)
+                warm = engine.run(prompts[: b * waves], lengths, progress=False)[1]
+                row.update(again_new_tokens_per_s=warm.new_tokens_per_s, again_seconds=warm.seconds,
+                           again_prefill_seconds=warm.prefill_seconds)
+                log(f"engine  batch {b:4d} again: {warm.new_tokens_per_s:7.0f} new tok/s end to end, "
+                    f"{warm.decode_tokens_per_s:7.0f} decoding (prefill {warm.prefill_seconds:.1f}s of "
+                    f"{warm.seconds:.1f}s); first run's {stats.admission_summary()}")
             del engine
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the next slot cache is larger; a freed graph pool must not fragment it

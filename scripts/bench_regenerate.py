@@ -37,6 +37,9 @@ if __name__ == "__main__":
     p.add_argument("--admit-sizes", default="", help="first time admitting prompt groups of these sizes, cold and warm")
     p.add_argument("--any-group-size", action="store_true",
                    help="prefill refill groups of any size, not only powers of two (the A/B of Engine.pow2_groups)")
+    p.add_argument("--spread-engine", action="store_true", help="engine rows with answers of 1/8 to all of --new-tokens")
+    p.add_argument("--again", action="store_true", help="rerun each engine row warm (every group size compiled)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on a GPU), bf16 or fp32: fp32 tells rounding from bugs")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -44,7 +47,7 @@ if __name__ == "__main__":
         a.shape, a.batch_sizes, a.generate_batches, a.prompt_len, a.new_tokens = "tiny-hybrid", "4,8", "8", 32, 16
         a.generate_new_tokens, a.check_prompts, a.check_tokens = 16, 2, 8
     fields, _ = benchmark.load_shape(a.shape)
-    model = benchmark.build_model(fields, None, device, extract.resolve_dtype("auto", device))
+    model = benchmark.build_model(fields, None, device, extract.resolve_dtype(a.dtype, device))
     extract.use_fla_conv(model)
     print(f"target {a.shape}: {sum(x.numel() for x in model.parameters()) / 1e9:.2f}B params on {device}; "
           f"{extract.report_kernels(model)}")
@@ -68,7 +71,7 @@ if __name__ == "__main__":
                          (False, True) if a.cuda_graph else (False,), a.generate_waves, a.spread,
                          tuple(int(x) for x in a.unfused_batches.split(",") if x),
                          None if a.eager_batches is None else tuple(int(x) for x in a.eager_batches.split(",") if x),
-                         pow2_groups=not a.any_group_size)
+                         pow2_groups=not a.any_group_size, spread_engine=a.spread_engine, again=a.again)
     r["admit"] = admit
     if a.json_out:
         store.write_json(a.json_out, r)
