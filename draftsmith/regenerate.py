@@ -272,8 +272,8 @@ class Engine:
         self.slots, self.max_len, self.sync_every, self.prefill_tokens = slots, max_len, sync_every, prefill_tokens
         self.group_rows = -(-slots // 4)  # prompts prefilled together: bounds the prefill's copy of their states
         # fla's prefill kernels are compiled and autotuned once per batch size (it is a constexpr there): refills
-        # of 1, 2, 3, ... prompts would pay that (about 2 s on an H200) for each new size, so groups are cut to
-        # powers of two
+        # of 1, 2, 3, ... prompts would pay that (1 to 12 s on the 27B shape, one H200) for each new size, so groups
+        # are cut to powers of two
         self.pow2_groups = pow2_groups
         self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
@@ -437,8 +437,9 @@ class Engine:
                 tp = time.perf_counter()
                 self._admit(slots, [prompts[i] for i in group], [limits[i] for i in group])
                 sync_device(self.device)  # the prefill's own time, not charged to the next steps
-                stats.prefill_seconds += time.perf_counter() - tp
-                stats.admissions.append((len(group), time.perf_counter() - tp))
+                seconds = time.perf_counter() - tp
+                stats.prefill_seconds += seconds
+                stats.admissions.append((len(group), seconds))
                 stats.prefill_tokens += sum(len(prompts[i]) for i in group)
                 for s, i in zip(slots, group):
                     owner[s] = i
@@ -600,14 +601,13 @@ def answer_lengths(n: int, longest: int, spread: bool, seed: int = 0) -> list[in
     return torch.randint(max(1, longest // 8), longest + 1, (n,), generator=g).tolist()
 
 
-def admit_times(model, vocab: int, prompt_len: int, sizes: list[int], pow2_groups: bool = True, seed: int = 0,
-                log=print) -> list[dict]:
+def admit_times(model, vocab: int, prompt_len: int, sizes: list[int], seed: int = 0, log=print) -> list[dict]:
     """Seconds to admit (prefill and load into slots) a group of each size of `prompt_len`-token prompts, the first
     time and again: the first includes compiling and autotuning whatever kernels are specialised on that size."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(max(sizes))]
-    engine = Engine(model, slots=max(sizes), max_len=prompt_len + 2, eos_ids=[], pow2_groups=pow2_groups)
+    engine = Engine(model, slots=max(sizes), max_len=prompt_len + 2, eos_ids=[])
     rows = []
     for size in sizes:
         times = []
@@ -730,7 +730,8 @@ def bench(model, vocab: int, batch_sizes: list[int], prompt_len: int, new_tokens
     CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode kernels (their A/B); then
     `generate` and the engine on the very same prompts and answer lengths at the `generate_batches` sizes (see
     same_prompts). `spread_engine` gives the engine rows answer lengths from 1/8 to all of `new_tokens`, and
-    `again` reruns each of them on the warm engine. Plus a greedy agreement check of the first `check_tokens` tokens against `generate` at batch 1."""
+    `again` reruns each of them on the warm engine. Plus a greedy agreement check of the first `check_tokens`
+    tokens against `generate` at batch 1."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     top = max([b * waves for b in batch_sizes] + [b * generate_waves for b in generate_batches] + [check_prompts])
