@@ -91,12 +91,15 @@ def _kernels():
         tl.store(out + i_b * C + oc, acc.to(out.dtype.element_ty), mask=m)
 
     @triton.jit
-    def attend(q, k, v, pos, out, sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, so_b, so_h, scale,
-               HKV: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
+    def attend(q, k, v, pos, out, sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, so_b, so_h, scale, window,
+               HKV: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
+               PRECISION: tl.constexpr):
         # one program: one slot's query heads that share a key/value head, against that slot's first pos+1 keys
+        # (only the last `window` of them: a sliding layer; the wrapper passes more than the cache holds otherwise)
         pid = tl.program_id(0)
         i_b, i_h = pid // HKV, pid % HKV
         n = tl.sum(tl.load(pos + i_b + tl.arange(0, 1))).to(tl.int32) + 1  # a 0-d value, also for the interpreter
+        lo = tl.maximum(n - window, 0)
         og, od, on = tl.arange(0, GP), tl.arange(0, D), tl.arange(0, BN)
         heads = i_h * GROUP + og
         b_q = tl.load(q + i_b * sq_b + heads[:, None] * sq_h + od[None, :], mask=(og < GROUP)[:, None], other=0)
@@ -105,18 +108,18 @@ def _kernels():
         acc = tl.zeros([GP, D], tl.float32)
         p_k = k + i_b.to(tl.int64) * sk_b + i_h * sk_h
         p_v = v + i_b.to(tl.int64) * sv_b + i_h * sv_h
-        for start in range(0, n, BN):  # online softmax over blocks of keys
+        for start in range(lo, n, BN):  # online softmax over blocks of keys
             cols = start + on
             live = cols < n
             b_k = tl.load(p_k + cols[:, None] * sk_l + od[None, :], mask=live[:, None], other=0)
-            s = tl.dot(b_q, tl.trans(b_k)) * scale
+            s = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * scale
             s = tl.where(live[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             b_v = tl.load(p_v + cols[:, None] * sv_l + od[None, :], mask=live[:, None], other=0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PRECISION)
             m_i = m_new
         b_o = acc / l_i[:, None]
         tl.store(out + i_b * so_b + heads[:, None] * so_h + od[None, :], b_o.to(out.dtype.element_ty),
@@ -175,10 +178,10 @@ def conv_step_(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias:
 
 
 def attention_(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos: torch.Tensor,
-               scale: float) -> torch.Tensor:
-    """One new token per slot against keys/values [B, HKV, L, D] up to position `pos[b]` (inclusive) of each slot:
-    only the keys a slot has are read, and each once for all query heads of its group. query [B, HQ, 1, D];
-    returns [B, 1, HQ, D]."""
+               scale: float, window: int = 0) -> torch.Tensor:
+    """One new token per slot against keys/values [B, HKV, L, D] up to position `pos[b]` (inclusive) of each slot,
+    and (window > 0) only the last `window` of them, as Transformers' sliding mask has it: only the keys a slot
+    sees are read, and each once for all query heads of its group. query [B, HQ, 1, D]; returns [B, 1, HQ, D]."""
     b, hq, _, d = query.shape
     hkv = key.shape[1]
     if query.stride(-1) != 1:
@@ -189,7 +192,9 @@ def attention_(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pos:
     attend[(b * hkv,)](
         query, key, value, pos, out, query.stride(0), query.stride(1), key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2), out.stride(0), out.stride(2), scale,
-        HKV=hkv, GROUP=group, GP=max(16, triton_next_pow2(group)), D=d, BN=64 if d <= 128 else 32, num_warps=4)
+        window if window > 0 else key.shape[2] + 1,
+        HKV=hkv, GROUP=group, GP=max(16, triton_next_pow2(group)), D=d, BN=64 if d <= 128 else 32,
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=4)  # fp32 models: no tf32 rounding
     return out
 
 
@@ -246,13 +251,16 @@ def fused_decode(module):
             setattr(module, n, saved[n])
 
 
-def reference_attention(query, key, value, pos, scale) -> torch.Tensor:
+def reference_attention(query, key, value, pos, scale, window: int = 0) -> torch.Tensor:
     """attention_ in fp32 torch: [B, 1, HQ, D]."""
     group = query.shape[1] // key.shape[1]
     k, v = (x.float().repeat_interleave(group, 1) for x in (key, value))
     scores = (query.float() @ k.transpose(-1, -2)) * scale
     cols = torch.arange(key.shape[2], device=key.device)
-    scores = scores.masked_fill((cols[None, :] > pos[:, None])[:, None, None, :], float("-inf"))
+    hidden = cols[None, :] > pos[:, None]
+    if window > 0:
+        hidden |= cols[None, :] <= (pos - window)[:, None]
+    scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
     return (scores.softmax(-1) @ v).transpose(1, 2)
 
 
@@ -289,7 +297,10 @@ def self_check(device: torch.device, module_name: str = "transformers.models.qwe
     keys, values = rnd(b, hkv, length, d), rnd(b, hkv, length, d)
     pos = torch.tensor([0, 63, 64, 200, length - 1], device=device)[:b]
     got_a = attention_(qa, keys, values, pos, d**-0.5)
+    got_w = attention_(qa, keys, values, pos, d**-0.5, window=100)  # a sliding layer: slots inside and past it
+    want_w = reference_attention(qa, keys, values, pos, d**-0.5, window=100)
     return {"attention": (got_a.float() - reference_attention(qa, keys, values, pos, d**-0.5)).abs().max().item(),
+            "attention_window": (got_w.float() - want_w).abs().max().item(),
             "recurrent_out": (got_o.float() - want_o.float()).abs().max().item(),
             "recurrent_state": (mine - want_s.float()).abs().max().item(),
             "conv_out": (got_c.float() - want_c.float()).abs().max().item(),

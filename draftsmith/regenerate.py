@@ -125,9 +125,11 @@ class SlotCache:
                 if self.layers[i] is None:
                     shape = (self.slots, k.shape[1], self.length, k.shape[3])
                     self.layers[i] = _AttentionSlots(k.new_zeros(shape), v.new_zeros(shape))
+                kept = k.shape[2]  # the whole width, or a sliding layer's last window - 1 positions
                 for row, (s, n) in enumerate(zip(slot_ids, lengths)):
-                    self.layers[i].keys[s, :, :n] = k[row, :, width - n:]
-                    self.layers[i].values[s, :, :n] = v[row, :, width - n:]
+                    m = min(n, kept)  # older positions stay as they are: outside the window, masked
+                    self.layers[i].keys[s, :, n - m:n] = k[row, :, kept - m:]
+                    self.layers[i].values[s, :, n - m:n] = v[row, :, kept - m:]
 
     def nbytes(self) -> int:
         total = 0
@@ -152,11 +154,11 @@ def decode_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
 
     With a per-row mask, Transformers' SDPA path first copies every key and value once per query head of its group
     (6x for Qwen3.6's 24/4 heads) and falls back to the math kernel: most of a decode step's memory traffic at large
-    batch. Here each key and value is read once. Anything else (several tokens, soft-capping, sinks) goes to SDPA.
+    batch. Here each key and value is read once. Logit soft-capping (Gemma 2) and attention sinks (gpt-oss) are
+    applied as those models' own eager attention applies them; several tokens go to SDPA.
     """
-    plain = kwargs.get("softcap") is None and kwargs.get("s_aux") is None and getattr(module, "sinks", None) is None
     mask_ok = isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool
-    if query.shape[2] != 1 or not plain or not mask_ok or attention_mask.shape[2] != 1:
+    if query.shape[2] != 1 or not mask_ok or attention_mask.shape[2] != 1:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -164,14 +166,25 @@ def decode_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     b, hq, _, d = query.shape
     hkv = key.shape[1]
     scale = scaling if scaling is not None else d**-0.5
+    softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
+    sinks = getattr(module, "sinks", None) if sinks is None else sinks
     pos = _step_positions.get(query.device)
     kernel_ok = query.is_cuda and d >= 16 and d & (d - 1) == 0 and key.stride(-1) == 1 and value.stride(-1) == 1
-    if pos is not None and kernel_ok:
-        return decode_kernels.attention_(query, key, value, pos, scale), None  # reads only the keys a slot has
+    if pos is not None and kernel_ok and softcap is None and sinks is None:
+        # reads only the keys a slot has (within the window on sliding layers)
+        return decode_kernels.attention_(query, key, value, pos, scale, kwargs.get("sliding_window") or 0), None
     q = query.reshape(b, hkv, hq // hkv, d)  # query head h reads key/value head h // group, as repeat_kv has it
     scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [slots, kv heads, group, length]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~attention_mask, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)  # [slots, kv heads, group, head dim]
+    if sinks is not None:  # one more logit per query head that takes probability mass and gives no value
+        sink = sinks.float().reshape(1, hkv, hq // hkv, 1).expand(b, -1, -1, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs.to(value.dtype), value)  # [slots, kv heads, group, head dim]
     return out.reshape(b, 1, hq, d), None
 
 
@@ -250,6 +263,21 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, att
 
 
+def attention_windows(model) -> list[int | None]:
+    """Each layer's sliding window (None: it sees every earlier position), read as Transformers' caches and masks
+    read it: layers named `sliding_attention`, or every layer where a config gives a window and names no kinds
+    (Mistral). Chunked attention (Llama 4) is another pattern, refused."""
+    cfg = model.config.get_text_config()
+    named = list(getattr(cfg, "layer_types", None) or [])
+    if getattr(cfg, "attention_chunk_size", None) or any("chunk" in t for t in named):
+        raise NotImplementedError("regeneration does not support chunked attention; set "
+                                  "data.regenerate.enabled: false and bring answers made by a serving engine")
+    window = getattr(cfg, "sliding_window", None)
+    if named:
+        return [window if "sliding" in t else None for t in named]
+    return [window] * cfg.num_hidden_layers
+
+
 def _cache_kinds(model) -> list[str]:
     """What each layer keeps in the slot cache: recurrent state (linear attention) or keys and values."""
     return ["linear_attention" if "linear" in t else "full_attention" for t in layer_types(model)]
@@ -263,12 +291,15 @@ class Engine:
                  cuda_graph: bool = False, fused_kernels: bool = True, pow2_groups: bool = True):
         self.model = model
         self.device = next(model.parameters()).device
-        sliding = sorted({i for i, t in enumerate(layer_types(model)) if "sliding" in t})
-        if sliding:  # Transformers keeps only a window of their keys; slots would need a per-slot window start
-            raise NotImplementedError(
-                f"regeneration does not support sliding-window attention yet (layers {sliding} of this target); "
-                "set data.regenerate.enabled: false and bring answers made by a serving engine")
         self.types = _cache_kinds(model)
+        # sliding-window layers keep every position in their slots (the prefill hands over only the last window)
+        # and are masked to the window each step; one window for the model, as every family with them has
+        windows = {w for w in attention_windows(model) if w}
+        if len(windows) > 1:
+            raise NotImplementedError(f"regeneration supports one sliding window per target, not {sorted(windows)}; "
+                                      "set data.regenerate.enabled: false")
+        self.window = windows.pop() if windows else None
+        self.final_softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
         self.slots, self.max_len, self.sync_every, self.prefill_tokens = slots, max_len, sync_every, prefill_tokens
         self.group_rows = -(-slots // 4)  # prompts prefilled together: bounds the prefill's copy of their states
         # fla's prefill kernels are compiled and autotuned once per batch size (it is a constexpr there): refills
@@ -293,8 +324,10 @@ class Engine:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.cache.static = self.cuda_graph
         self._cols = torch.arange(max_len, device=d)
-        # hybrid models take one mask per layer kind; attention-only models a 4D mask
-        self._mask_by_kind = "linear_attention" in self.types
+        # hybrid models and those naming sliding layers take one mask per layer kind; the others one 4D mask (the
+        # sliding one where a config gives a window and no layer kinds: then every layer slides)
+        named = getattr(model.config.get_text_config(), "layer_types", None) or []
+        self._mask_by_kind = "linear_attention" in self.types or any("sliding" in t for t in named)
         from transformers import AttentionInterface
 
         AttentionInterface.register(DECODE_ATTENTION, decode_attention)
@@ -379,8 +412,9 @@ class Engine:
         """One token for every slot; only live slots advance. No host synchronisation."""
         pos = self.cache.pos
         mask = (self._cols[None, :] <= pos[:, None])[:, None, None, :]
-        att = {"full_attention": mask, "sliding_attention": mask, "linear_attention": None} \
-            if self._mask_by_kind else mask
+        slide = mask & (self._cols[None, :] > (pos - self.window)[:, None])[:, None, None, :] if self.window else mask
+        att = {"full_attention": mask, "sliding_attention": slide, "linear_attention": None} \
+            if self._mask_by_kind else slide
         before = [c._attn_implementation_internal for c in self._configs]
         for c in self._configs:  # the step's attention reads each slot's keys once (see decode_attention)
             c._attn_implementation_internal = DECODE_ATTENTION
@@ -396,7 +430,10 @@ class Engine:
             for c, name in zip(self._configs, before):
                 c._attn_implementation_internal = name
             _step_positions.clear()
-        nxt = pick(self.model.lm_head(hidden[:, -1]).float(), self.temperature, self.top_p, self.generator)
+        logits = self.model.lm_head(hidden[:, -1]).float()
+        if self.final_softcap:  # what the model's own forward does after its head (Gemma 2)
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        nxt = pick(logits, self.temperature, self.top_p, self.generator)
         nxt = nxt.to(self.device)  # a no-op unless the head sits on the last GPU of a group
         live = self.live
         col = torch.where(live, self.n_gen, self.out.shape[1] - 1)  # dead slots write to a scratch column
@@ -672,6 +709,9 @@ def same_prompts(model, prompts: list[list[int]], batch: int, lengths: list[int]
     row.update(generate_seconds=gen_s, generate_tokens_per_s=row["new_tokens"] / gen_s,
                generate_step_ms=1e3 * (gen_s - gen_prefill_s) / max(steps, 1),
                generate_decode_tokens_per_s=(row["new_tokens"] - len(prompts)) / max(gen_s - gen_prefill_s, 1e-9))
+    log(f"same prompts, batch {batch}: generate {row['generate_tokens_per_s']:.0f} new tok/s end to end "
+        f"({gen_s:.1f}s, {row['generate_step_ms']:.0f} ms a step), {row['generate_decode_tokens_per_s']:.0f} "
+        "decoding")
     engine, _, stats = _timed_engine(model, prompts, batch, lengths, len(prompts[0]) + max(lengths) + 1, graph,
                                      pow2_groups=pow2_groups)
     row.update(cuda_graph=engine.cuda_graph, pow2_groups=pow2_groups, engine_seconds=stats.seconds,
@@ -679,6 +719,13 @@ def same_prompts(model, prompts: list[list[int]], batch: int, lengths: list[int]
                engine_decode_tokens_per_s=stats.decode_tokens_per_s,
                ratio=stats.new_tokens_per_s / row["generate_tokens_per_s"],
                decode_ratio=stats.decode_tokens_per_s / row["generate_decode_tokens_per_s"])
+    log(f"same {len(prompts)} prompts at batch {batch}, answers of {min(lengths)}-{max(lengths)} tokens "
+        f"({row['new_tokens']} in all), prefill included: generate {row['generate_tokens_per_s']:.0f} new tok/s "
+        f"({gen_s:.1f}s, {row['generate_step_ms']:.0f} ms a step), engine {row['engine_tokens_per_s']:.0f} "
+        f"({stats.seconds:.1f}s, {stats.prefill_seconds:.1f}s of it prefill, graph {row['cuda_graph']}, groups of "
+        f"powers of two {pow2_groups}): {row['ratio']:.1f}x; decoding alone: generate "
+        f"{row['generate_decode_tokens_per_s']:.0f}, engine {row['engine_decode_tokens_per_s']:.0f}: "
+        f"{row['decode_ratio']:.1f}x")
     log(f"engine, {stats.admission_summary()}")
     # the same prompts again on the same engine: what a long job sees once every kernel is compiled and tuned
     sync_device(device)
@@ -691,13 +738,6 @@ def same_prompts(model, prompts: list[list[int]], batch: int, lengths: list[int]
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    log(f"same {len(prompts)} prompts at batch {batch}, answers of {min(lengths)}-{max(lengths)} tokens "
-        f"({row['new_tokens']} in all), prefill included: generate {row['generate_tokens_per_s']:.0f} new tok/s "
-        f"({gen_s:.1f}s, {row['generate_step_ms']:.0f} ms a step), engine {row['engine_tokens_per_s']:.0f} "
-        f"({stats.seconds:.1f}s, {stats.prefill_seconds:.1f}s of it prefill, graph {row['cuda_graph']}, groups of "
-        f"powers of two {pow2_groups}): {row['ratio']:.1f}x; decoding alone: generate "
-        f"{row['generate_decode_tokens_per_s']:.0f}, engine {row['engine_decode_tokens_per_s']:.0f}: "
-        f"{row['decode_ratio']:.1f}x")
     return row
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|regen_vs_generate|regen_refill|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -61,6 +61,20 @@ for phase in "$@"; do
             --cuda-graph --generate-batches ${SPREAD_BATCHES:-64,128} --generate-waves 2 --spread \
             --generate-new-tokens ${SPREAD_NEW:-192} --check-prompts 0 --json-out "$OUT/regen_spread.json" 2>&1 \
             | grep --line-buffered -v Warning | tee "$OUT/regen_spread.log"
+        ;;
+    regen_best)  # the issue's workload at the engine's best batch: generate and the engine on the same prompts,
+        # 1k-token answers (the comparison line is printed before the engine's warm rerun, so a cut run keeps it)
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes "" --cuda-graph \
+            --generate-batches ${BEST_BATCH:-256} --generate-new-tokens ${BEST_NEW:-1024} --check-prompts 0 ${BEST_ARGS:-} \
+            --json-out "$OUT/${BEST_NAME:-regen_best}.json" 2>&1 | grep --line-buffered -v Warning \
+            | tee "$OUT/${BEST_NAME:-regen_best}.log"
+        ;;
+    regen_best_spread)  # the same with answers of 1/8 to all of BEST_NEW tokens, two batches' worth of prompts:
+        # generate runs each batch to its longest answer, the engine refills finished slots
+        BEST_NEW=${BEST_NEW:-512} BEST_ARGS="--spread --generate-waves 2" BEST_NAME=regen_best_spread "$0" regen_best
+        ;;
+    gputests)  # the tests that only run on a GPU (Triton kernels, the engine's GPU path) and the engine's others
+        python3 -m pytest -q -rs tests/test_decode_kernels.py tests/test_regenerate.py 2>&1 | tee "$OUT/gputests.log"
         ;;
     regen_refill)  # refill prefills: admission time per group size (cold, warm), then spread answers with refill
         # groups of any size against powers of two; each process gets an empty Triton cache, as a new job would
