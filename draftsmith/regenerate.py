@@ -37,7 +37,7 @@ from . import decode_kernels
 from .config import content_hash
 from .data import write_parquet
 from .store import write_json
-from .taps import body, layer_types
+from .taps import attention_windows, body, layer_types
 from .train import sync_device
 
 log = logging.getLogger(__name__)
@@ -261,21 +261,6 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
         ids[r, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
         att[r, width - len(p):] = 1
     return ids, att
-
-
-def attention_windows(model) -> list[int | None]:
-    """Each layer's sliding window (None: it sees every earlier position), read as Transformers' caches and masks
-    read it: layers named `sliding_attention`, or every layer where a config gives a window and names no kinds
-    (Mistral). Chunked attention (Llama 4) is another pattern, refused."""
-    cfg = model.config.get_text_config()
-    named = list(getattr(cfg, "layer_types", None) or [])
-    if getattr(cfg, "attention_chunk_size", None) or any("chunk" in t for t in named):
-        raise NotImplementedError("regeneration does not support chunked attention; set "
-                                  "data.regenerate.enabled: false and bring answers made by a serving engine")
-    window = getattr(cfg, "sliding_window", None)
-    if named:
-        return [window if "sliding" in t else None for t in named]
-    return [window] * cfg.num_hidden_layers
 
 
 def _cache_kinds(model) -> list[str]:

@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, Li
 
 from draftsmith.regenerate import eos_ids_of
 from draftsmith.store import tmp_path
-from draftsmith.taps import body, capture, forward_taps
+from draftsmith.taps import attention_windows, body, capture, forward_taps
 from draftsmith.train import sync_device
 
 
@@ -260,6 +260,15 @@ def _attention_layers(cache: DynamicCache) -> list[DynamicLayer]:
     return layers
 
 
+def rollback_cache(target: nn.Module) -> DynamicCache:
+    """The target's cache with its sliding-window layers made full ones: a verification adds positions that a
+    rejection takes back, and a sliding layer would already have dropped what left its window. The model's own
+    sliding masks still hide those positions, so nothing it computes changes."""
+    cache = DynamicCache(config=target.config)
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    return cache
+
+
 def is_hybrid(target: nn.Module) -> bool:
     return "linear_attention" in (getattr(target.config, "layer_types", None) or [])
 
@@ -325,11 +334,17 @@ def _forward(
     return out.logits[0], torch.cat([store[t][0] for t in taps], dim=-1)
 
 
-def tree_attention_mask(tree: Tree, prefix: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[1, 1, N, prefix+N] additive mask: every node sees the cached prefix and its own ancestors only."""
+def tree_attention_mask(tree: Tree, prefix: int, dtype: torch.dtype, device: torch.device,
+                        window: int | None = None) -> torch.Tensor:
+    """[1, 1, N, prefix+N] additive mask: every node sees the cached prefix and its own ancestors only (with a
+    `window`, only those fewer than `window` positions behind it: a sliding layer; a node sits at prefix+depth)."""
     n = len(tree)
     allowed = torch.ones(n, prefix + n, dtype=torch.bool)
     allowed[:, prefix:] = ancestor_mask(tree)
+    if window:
+        q = prefix + torch.as_tensor(tree.depths)
+        k = torch.cat([torch.arange(prefix), q])
+        allowed &= (q[:, None] - k[None, :]) < window
     mask = torch.zeros(n, prefix + n, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
@@ -374,7 +389,10 @@ def speculative_generate(
     start = clock[0] = time.perf_counter()
     prompt = list(prompt_ids)
     p = len(prompt)
-    cache = DynamicCache(config=target.config)
+    cache = rollback_cache(target)
+    window = next((w for w in attention_windows(target) if w), None)
+    # models naming their sliding layers take one mask per layer kind; with a window and no kinds, all layers slide
+    by_kind = any("sliding" in t for t in getattr(target.config.get_text_config(), "layer_types", None) or [])
     logits, hidden = _forward(target, prompt, range(p), cache, taps)
     tokens = prompt + [int(logits[-1].argmax())]
     drafter.reset()
@@ -392,7 +410,12 @@ def speculative_generate(
         tree.tokens[0] = anchor
         lap("draft")
         snap = snapshot_linear(cache) if hybrid else None
-        mask = None if budget is None else tree_attention_mask(tree, n - 1, dtype, device)
+        mask = None
+        if budget is not None:
+            mask = tree_attention_mask(tree, n - 1, dtype, device)
+            if window:
+                slide = tree_attention_mask(tree, n - 1, dtype, device, window)
+                mask = {"full_attention": mask, "sliding_attention": slide} if by_kind else slide
         logits, hidden = _forward(target, tree.tokens, [n - 1 + d for d in tree.depths], cache, taps, mask)
         path, bonus = walk(tree, logits.argmax(-1).tolist())
         lap("verify")

@@ -46,6 +46,21 @@ def layer_types(model: nn.Module) -> list[str]:
     return list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
 
 
+def attention_windows(model: nn.Module) -> list[int | None]:
+    """Each layer's sliding window (None: it sees every earlier position), read as Transformers' caches and masks
+    read it: layers named `sliding_attention`, or every layer where a config gives a window and names no kinds
+    (Mistral). Chunked attention (Llama 4) is another pattern, refused."""
+    cfg = model.config.get_text_config()
+    named = list(getattr(cfg, "layer_types", None) or [])
+    if getattr(cfg, "attention_chunk_size", None) or any("chunk" in t for t in named):
+        raise NotImplementedError("chunked attention (Llama 4) is not supported by regeneration or the real "
+                                  "speculative loop; set data.regenerate.enabled: false and bench.real_loop: false")
+    window = getattr(cfg, "sliding_window", None)
+    if named:
+        return [window if "sliding" in t else None for t in named]
+    return [window] * cfg.num_hidden_layers
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return body(model).layers
 

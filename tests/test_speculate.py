@@ -26,10 +26,17 @@ def _hybrid_target():
                       initializer_range=0.2)
 
 
-@pytest.fixture(scope="module", params=["attention", "hybrid"])
+def _sliding_target():
+    """Sliding layers with a window shorter than prompt plus answer: a rolled-back position must stay hidden."""
+    return tiny_model("attention", VOCAB, layers=3, max_position_embeddings=256, initializer_range=0.2,
+                      use_sliding_window=True, sliding_window=6, max_window_layers=0,
+                      layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+
+
+@pytest.fixture(scope="module", params=["attention", "hybrid", "sliding"])
 def case(request):
     """A target, a prompt, the target's greedy continuation and the tap states of the whole sequence."""
-    target = _attention_target() if request.param == "attention" else _hybrid_target()
+    target = {"attention": _attention_target, "hybrid": _hybrid_target, "sliding": _sliding_target}[request.param]()
     prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1)).tolist()
     gen = sp.ar_generate(target, prompt, MAX_NEW)
     tokens = prompt + gen.tokens
