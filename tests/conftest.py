@@ -45,6 +45,30 @@ def tiny_model(kind: str, vocab: int, layers: int = 8, hidden: int = 64, seed: i
     return Qwen3ForCausalLM(Qwen3Config(**{**fields, **overrides})).eval()
 
 
+def sliding_model(family: str, vocab: int, window: int, slide: bool = True):
+    """Tiny targets with sliding layers (slide False: the same weights, every layer sees every position). `mistral`
+    gives a window and no layer kinds, so every layer slides (Transformers' reading); the others name them."""
+    import transformers as tf
+
+    n = 2 if family in ("mistral", "gpt-oss") else 3
+    kinds = (["sliding_attention", "full_attention", "sliding_attention"][:n] if slide
+             else ["full_attention"] * n)
+    shape = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=n, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, sliding_window=window, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    if family == "mistral":
+        return tf.MistralForCausalLM(tf.MistralConfig(**{**shape, "sliding_window": window if slide else None})).eval()
+    if family == "gemma2":  # logit soft-capping in attention and after the head
+        # (a cap small enough to change what random weights attend to)
+        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**shape, layer_types=kinds, query_pre_attn_scalar=1,
+                                                    attn_logit_softcapping=0.01)).eval()
+    if family == "gpt-oss":  # attention sinks, experts
+        return tf.GptOssForCausalLM(tf.GptOssConfig(**{**shape, "intermediate_size": 64}, num_local_experts=4,
+                                                    num_experts_per_tok=2, layer_types=kinds)).eval()
+    return tiny_model("attention", vocab, layers=n, use_sliding_window=True, sliding_window=window,
+                      max_window_layers=0, layer_types=kinds)
+
+
 def build_target(path: Path, tokenizer, kind: str = "hybrid", layers: int = 8, hidden: int = 64, seed: int = 0):
     """`tiny_model` saved as a Hugging Face model directory with the tokenizer beside it."""
     vocab = (len(tokenizer) // 64 + 1) * 64

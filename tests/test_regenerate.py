@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import sliding_model, tiny_model
 
 from draftsmith.regenerate import Engine, pick, regenerate
 
@@ -221,41 +221,17 @@ def test_bench_regenerate_cpu_smoke(tmp_path):
     assert "Name" in res.stdout  # the profile table
 
 
-def _sliding_target(family: str, window: int, slide: bool = True):
-    """Tiny targets with sliding layers (slide False: the same weights, every layer sees every position). `mistral`
-    gives a window and no layer kinds, so every layer slides (Transformers' reading); the others name them."""
-    import transformers as tf
-
-    n = 2 if family in ("mistral", "gpt-oss") else 3
-    kinds = (["sliding_attention", "full_attention", "sliding_attention"][:n] if slide
-             else ["full_attention"] * n)
-    shape = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=n, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, sliding_window=window, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    if family == "mistral":
-        return tf.MistralForCausalLM(tf.MistralConfig(**{**shape, "sliding_window": window if slide else None})).eval()
-    if family == "gemma2":  # logit soft-capping in attention and after the head
-        # (a cap small enough to change what random weights attend to)
-        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**shape, layer_types=kinds, query_pre_attn_scalar=1,
-                                                    attn_logit_softcapping=0.01)).eval()
-    if family == "gpt-oss":  # attention sinks, experts
-        return tf.GptOssForCausalLM(tf.GptOssConfig(**{**shape, "intermediate_size": 64}, num_local_experts=4,
-                                                    num_experts_per_tok=2, layer_types=kinds)).eval()
-    return tiny_model("attention", VOCAB, layers=n, use_sliding_window=True, sliding_window=window,
-                      max_window_layers=0, layer_types=kinds)
-
-
 @pytest.mark.parametrize("family", ["qwen3-mixed", "mistral", "gemma2", "gpt-oss"])
 def test_sliding_window_targets_equal_generate(family):
     """Sliding layers see only the last `sliding_window` positions, and Transformers' prefill cache hands over only
     that many keys. Prompts longer than the window, answers that slide further, slots refilled by other prompts:
     the engine's greedy answers must equal `generate`'s token for token."""
     window = 6
-    model = _sliding_target(family, window)
+    model = sliding_model(family, VOCAB, window)
     prompts = _prompts()
     assert max(map(len, prompts)) > window
     refs = [_reference(model, p, 20, None) for p in prompts]
-    unwindowed = _sliding_target(family, window, slide=False)  # the window must matter
+    unwindowed = sliding_model(family, VOCAB, window, slide=False)  # the window must matter
     assert [_reference(unwindowed, p, 20, None) for p in prompts] != refs
     engine = Engine(model, slots=3, max_len=80, eos_ids=[], sync_every=4, prefill_tokens=64)
     assert engine.window == window

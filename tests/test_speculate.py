@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import sliding_model, tiny_model
 
 from draftsmith import speculate as sp
 
@@ -250,3 +250,18 @@ def test_real_block_drafter_is_lossless(case):
         gen, committed = sp.speculative_generate(target, drafter, prompt, MAX_NEW, TAPS, budget)
         assert gen.tokens == tokens[len(prompt) :]
         assert sum(committed) == MAX_NEW - 1
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gpt-oss"])
+def test_real_loops_on_sliding_families(family):
+    """Every layer sliding (Mistral), soft-capping (Gemma 2), sinks and experts (gpt-oss): DFlash and DDTree real
+    loops stay lossless and commit what replay computes."""
+    target = sliding_model(family, VOCAB, window=6)
+    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    tokens = prompt + sp.ar_generate(target, prompt, MAX_NEW).tokens
+    hidden = sp.target_hidden(target, tokens, [0, 1])
+    drafter = ScriptedDrafter(tokens, hidden, _sometimes)
+    for budget in (None, 16):
+        committed = sp.replay(drafter, tokens, hidden, len(prompt), budget=budget)
+        gen, real = sp.speculative_generate(target, drafter, prompt, MAX_NEW, [0, 1], budget=budget)
+        assert gen.tokens == tokens[len(prompt):] and real == committed
