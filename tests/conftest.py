@@ -60,8 +60,10 @@ def sliding_model(family: str, vocab: int, window: int, slide: bool = True):
         return tf.MistralForCausalLM(tf.MistralConfig(**{**shape, "sliding_window": window if slide else None})).eval()
     if family == "gemma2":  # logit soft-capping in attention and after the head
         # (a cap small enough to change what random weights attend to)
-        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**shape, layer_types=kinds, query_pre_attn_scalar=1,
-                                                    attn_logit_softcapping=0.01)).eval()
+        # (eager: Transformers 5.17 ran Gemma 2 on SDPA, which drops the cap)
+        cfg = tf.Gemma2Config(**shape, layer_types=kinds, query_pre_attn_scalar=1, attn_logit_softcapping=0.01)
+        cfg._attn_implementation = "eager"
+        return tf.Gemma2ForCausalLM(cfg).eval()
     if family == "gpt-oss":  # attention sinks, experts
         return tf.GptOssForCausalLM(tf.GptOssConfig(**{**shape, "intermediate_size": 64}, num_local_experts=4,
                                                     num_experts_per_tok=2, layer_types=kinds)).eval()
