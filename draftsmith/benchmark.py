@@ -81,6 +81,7 @@ def build_model(fields: dict, num_layers: int | None, device: torch.device, dtyp
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    extract.kernels_follow_device(model)
     return model.eval()
 
 

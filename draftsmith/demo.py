@@ -30,6 +30,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+from draftsmith.extract import kernels_follow_device
 from draftsmith.store import tmp_path
 
 log = logging.getLogger(__name__)
@@ -414,6 +415,7 @@ def build_demo_target(
         torch.manual_seed(seed)
         config = demo_config(tokenizer, hidden_size, num_layers)
         model = Qwen3_5ForCausalLM(config)
+        kernels_follow_device(model)  # trained on the CPU, also where fla is installed for the GPU jobs
         n_params = sum(p.numel() for p in model.parameters())
         log.info("model: %.2fM params, vocab %d (tokenizer %d), %d rows of %d tokens", n_params / 1e6,
                  config.vocab_size, len(tokenizer), len(rows), seq_len)  # fmt: skip

@@ -12,6 +12,8 @@ so the job's log can say how long the GPU sat idle and whether compute or storag
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import queue
@@ -63,6 +65,39 @@ def report_kernels(model) -> str:
     return msg
 
 
+# the Gated DeltaNet functions Transformers binds to a kernel package (fla, causal_conv1d) at import when present
+_KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                 "causal_conv1d_update")
+
+
+def kernels_follow_device(model) -> None:
+    """CPU tensors go to Transformers' own torch functions, CUDA tensors to the kernels it bound.
+
+    Transformers binds fla's Triton kernels whenever fla is installed, whatever device the model is on, so a hybrid
+    model on the CPU (the demo target's training, a CPU extraction, the tests on a GPU node) would fail inside
+    Triton. The mixer module's functions are wrapped once per process; CUDA calls are unchanged.
+    """
+    module = decode_kernels.mixer_module(model)
+    for name in _KERNEL_NAMES if module is not None else ():
+        fast = getattr(module, name, None)
+        if fast is None or getattr(fast, "follows_device", False):
+            continue
+        reference = inspect.unwrap(fast)
+        if reference is fast:
+            continue
+        accepted = set(inspect.signature(reference).parameters)
+
+        @functools.wraps(fast)  # __wrapped__ leads back to the torch function, as Transformers' binding does
+        def call(*args, _fast=fast, _reference=reference, _accepted=accepted, **kwargs):
+            first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+            if first is not None and first.is_cuda:
+                return _fast(*args, **kwargs)
+            return _reference(*args, **{k: v for k, v in kwargs.items() if k in _accepted})
+
+        call.follows_device = True
+        setattr(module, name, call)
+
+
 def use_fla_conv(model) -> bool:
     """Runs the Gated DeltaNet short convolution on fla's Triton kernel instead of Transformers' torch fallback.
 
@@ -78,16 +113,23 @@ def use_fla_conv(model) -> bool:
 
     from fla.modules.causal_conv1d import causal_conv1d
 
-    def conv_fn(hidden_states, weight, bias=None, activation=None, **_):
+    module = decode_kernels.mixer_module(model)
+    original = getattr(module, "causal_conv1d_fn", None)
+
+    def conv_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        if not hidden_states.is_cuda:  # the patch is process-wide; a CPU model in the same process keeps torch's
+            return original(hidden_states, weight, bias, activation=activation, **kwargs)
         # a free view when the input came straight from the projection; a copy only for cache-padded prompts
         x = hidden_states.transpose(1, 2).contiguous()
         out, _state = causal_conv1d(x, weight, bias, activation=activation)
         return out.transpose(1, 2)
 
-    module = decode_kernels.mixer_module(model)
-    installed = module is not None and getattr(module, "causal_conv1d_fn", None) is not None
+    if getattr(original, "fla_conv", False):  # installed by an earlier model of this process
+        return True
+    installed = module is not None and original is not None
     installed = installed and importlib.util.find_spec("causal_conv1d") is None  # the CUDA package wins if present
     if installed:
+        conv_fn.fla_conv = True
         module.causal_conv1d_fn = conv_fn
         log.info("short convolutions run on fla's Triton causal_conv1d")
     return installed
@@ -114,6 +156,7 @@ def load_target(path: str, devices: list[int], dtype: str = "auto", revision: st
     if len(devices) <= 1:
         model.to(device)
     model.eval()
+    kernels_follow_device(model)
     use_fla_conv(model)
     tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     return model, tok, device

@@ -41,7 +41,11 @@ def tiny_model(kind: str, vocab: int, layers: int = 8, hidden: int = 64, seed: i
     if kind == "hybrid":
         fields.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                       linear_value_head_dim=16)
-        return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**fields, **overrides})).eval()
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**fields, **overrides})).eval()
+        from draftsmith.extract import kernels_follow_device
+
+        kernels_follow_device(model)  # on a GPU node with fla installed, CPU tests must not reach Triton
+        return model
     return Qwen3ForCausalLM(Qwen3Config(**{**fields, **overrides})).eval()
 
 

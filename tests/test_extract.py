@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_model
 from transformers import AutoModelForCausalLM
 
 from draftsmith import extract, store, validate
@@ -113,3 +114,31 @@ def test_linear_attention_is_found_in_a_multimodal_config():
     assert getattr(model.config, "layer_types", None) is None  # only the text config knows
     assert extract.has_linear_attention(model)
     assert "flash-linear-attention" in extract.report_kernels(model)
+
+
+def test_cpu_tensors_never_reach_a_gpu_only_kernel(monkeypatch):
+    """With fla installed, Transformers binds its Triton kernels whatever device the model is on; a hybrid model on
+    the CPU must still run (on Transformers' torch functions) and compute what it computes without fla."""
+    import functools
+    import inspect
+
+    from draftsmith import decode_kernels
+
+    model = tiny_model("hybrid", 128, layers=4)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+    module = decode_kernels.mixer_module(model)
+    for name in ("torch_chunk_gated_delta_rule", "causal_conv1d_fn"):
+        reference = inspect.unwrap(getattr(module, name))
+
+        @functools.wraps(reference)  # how Transformers binds a kernel package: __wrapped__ is its torch function
+        def triton_only(*args, _name=name, **kwargs):
+            raise ValueError(f"{_name}: Pointer argument cannot be accessed from Triton (cpu tensor?)")
+
+        monkeypatch.setattr(module, name, triton_only)
+    with pytest.raises(ValueError, match="cpu tensor"), torch.no_grad():
+        model(ids)
+    extract.kernels_follow_device(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want)
