@@ -37,7 +37,7 @@ from . import decode_kernels
 from .config import content_hash
 from .data import write_parquet
 from .store import write_json
-from .taps import attention_windows, body, layer_types
+from .taps import attention_windows, body, cache_kwarg, layer_types
 from .train import sync_device
 
 log = logging.getLogger(__name__)
@@ -309,6 +309,8 @@ class Engine:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.cache.static = self.cuda_graph
         self._cols = torch.arange(max_len, device=d)
+        self._body = body(model)
+        self._cache_kw = cache_kwarg(self._body)
         # hybrid models and those naming sliding layers take one mask per layer kind; the others one 4D mask (the
         # sliding one where a config gives a window and no layer kinds: then every layer slides)
         named = getattr(model.config.get_text_config(), "layer_types", None) or []
@@ -330,7 +332,7 @@ class Engine:
         pos = (att.cumsum(-1) - 1).clamp_min(0)
         out = self.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
                          position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1], out.past_key_values, ids.shape[1]
+        return out.logits[:, -1], out.get("cache", out.get("past_key_values")), ids.shape[1]
 
     @torch.inference_mode()
     def _admit(self, slot_ids: list[int], prompts: list[list[int]], limits: list[int]) -> None:
@@ -409,8 +411,8 @@ class Engine:
             _step_positions.update({self.device: pos, **self._pos_copies})
         try:
             with decode_kernels.fused_decode(self._mixer):
-                hidden = body(self.model)(input_ids=self.cur[:, None], attention_mask=att, position_ids=pos[:, None],
-                                          past_key_values=self.cache, use_cache=True).last_hidden_state
+                hidden = self._body(input_ids=self.cur[:, None], attention_mask=att, position_ids=pos[:, None],
+                                    use_cache=True, **{self._cache_kw: self.cache}).last_hidden_state
         finally:
             for c, name in zip(self._configs, before):
                 c._attn_implementation_internal = name

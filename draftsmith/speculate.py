@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, Li
 
 from draftsmith.regenerate import eos_ids_of
 from draftsmith.store import tmp_path
-from draftsmith.taps import attention_windows, body, capture, forward_taps
+from draftsmith.taps import attention_windows, body, cache_kwarg, capture, forward_taps
 from draftsmith.train import sync_device
 
 
@@ -190,7 +190,7 @@ def ar_generate(
     pos = 0
     while len(out) < max_new_tokens:
         positions = torch.arange(pos, pos + ids.shape[1], device=device)[None]
-        logits = target(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True).logits
+        logits = target(input_ids=ids, position_ids=positions, use_cache=True, **{cache_kwarg(target): cache}).logits
         pos += ids.shape[1]
         t = _pick(logits[0, -1], temperature, generator)
         out.append(t)
@@ -327,7 +327,7 @@ def _forward(
         out = target(
             input_ids=ids,
             position_ids=pos,
-            past_key_values=cache,
+            **{cache_kwarg(target): cache},
             attention_mask=attention_mask,
             use_cache=True,
         )
@@ -430,7 +430,8 @@ def speculative_generate(
             keep_kv(cache, n - 1)
             pos = torch.arange(n - 1, n + k, device=device)[None]
             ids = torch.tensor([tree.tokens[: k + 1]], device=device)
-            body(target)(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+            inner = body(target)
+            inner(input_ids=ids, position_ids=pos, use_cache=True, **{cache_kwarg(inner): cache})
         lap("restore")
         new = [tree.tokens[i] for i in path[1:]] + [bonus]
         new = new[: max_new_tokens - (len(tokens) - p)]

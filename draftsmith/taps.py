@@ -8,6 +8,7 @@ after the deepest tap (no later layers, no LM head over a huge vocabulary) and k
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -59,6 +60,12 @@ def attention_windows(model: nn.Module) -> list[int | None]:
     if named:
         return [window if "sliding" in t else None for t in named]
     return [window] * cfg.num_hidden_layers
+
+
+def cache_kwarg(module: nn.Module) -> str:
+    """The keyword a forward takes its cache by: `cache` from Transformers 5.2x (which deprecates
+    `past_key_values` and drops it in 5.40), `past_key_values` before and in remote code."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
