@@ -115,6 +115,8 @@ def use_fla_conv(model) -> bool:
 
     module = decode_kernels.mixer_module(model)
     original = getattr(module, "causal_conv1d_fn", None)
+    if getattr(original, "fla_conv", False):  # installed by an earlier model of this process
+        return True
 
     def conv_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
         if not hidden_states.is_cuda:  # the patch is process-wide; a CPU model in the same process keeps torch's
@@ -124,8 +126,6 @@ def use_fla_conv(model) -> bool:
         out, _state = causal_conv1d(x, weight, bias, activation=activation)
         return out.transpose(1, 2)
 
-    if getattr(original, "fla_conv", False):  # installed by an earlier model of this process
-        return True
     installed = module is not None and original is not None
     installed = installed and importlib.util.find_spec("causal_conv1d") is None  # the CUDA package wins if present
     if installed:

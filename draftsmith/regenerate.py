@@ -37,7 +37,7 @@ from . import decode_kernels
 from .config import content_hash
 from .data import write_parquet
 from .store import write_json
-from .taps import attention_windows, body, cache_kwarg, layer_types
+from .taps import body, cache_kwarg, layer_types, names_sliding_layers, sliding_window
 from .train import sync_device
 
 log = logging.getLogger(__name__)
@@ -278,12 +278,8 @@ class Engine:
         self.device = next(model.parameters()).device
         self.types = _cache_kinds(model)
         # sliding-window layers keep every position in their slots (the prefill hands over only the last window)
-        # and are masked to the window each step; one window for the model, as every family with them has
-        windows = {w for w in attention_windows(model) if w}
-        if len(windows) > 1:
-            raise NotImplementedError(f"regeneration supports one sliding window per target, not {sorted(windows)}; "
-                                      "set data.regenerate.enabled: false")
-        self.window = windows.pop() if windows else None
+        # and are masked to the window each step
+        self.window = sliding_window(model)
         self.final_softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
         self.slots, self.max_len, self.sync_every, self.prefill_tokens = slots, max_len, sync_every, prefill_tokens
         self.group_rows = -(-slots // 4)  # prompts prefilled together: bounds the prefill's copy of their states
@@ -313,8 +309,7 @@ class Engine:
         self._cache_kw = cache_kwarg(self._body)
         # hybrid models and those naming sliding layers take one mask per layer kind; the others one 4D mask (the
         # sliding one where a config gives a window and no layer kinds: then every layer slides)
-        named = getattr(model.config.get_text_config(), "layer_types", None) or []
-        self._mask_by_kind = "linear_attention" in self.types or any("sliding" in t for t in named)
+        self._mask_by_kind = "linear_attention" in self.types or names_sliding_layers(model)
         from transformers import AttentionInterface
 
         AttentionInterface.register(DECODE_ATTENTION, decode_attention)

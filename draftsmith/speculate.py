@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, Li
 
 from draftsmith.regenerate import eos_ids_of
 from draftsmith.store import tmp_path
-from draftsmith.taps import attention_windows, body, cache_kwarg, capture, forward_taps
+from draftsmith.taps import body, cache_kwarg, capture, forward_taps, names_sliding_layers, sliding_window
 from draftsmith.train import sync_device
 
 
@@ -390,9 +390,8 @@ def speculative_generate(
     prompt = list(prompt_ids)
     p = len(prompt)
     cache = rollback_cache(target)
-    window = next((w for w in attention_windows(target) if w), None)
-    # models naming their sliding layers take one mask per layer kind; with a window and no kinds, all layers slide
-    by_kind = any("sliding" in t for t in getattr(target.config.get_text_config(), "layer_types", None) or [])
+    window = sliding_window(target)
+    by_kind = names_sliding_layers(target)  # else, with a window, every layer slides and takes one mask
     logits, hidden = _forward(target, prompt, range(p), cache, taps)
     tokens = prompt + [int(logits[-1].argmax())]
     drafter.reset()

@@ -8,6 +8,7 @@ after the deepest tap (no later layers, no LM head over a huge vocabulary) and k
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,25 +48,34 @@ def layer_types(model: nn.Module) -> list[str]:
     return list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
 
 
-def attention_windows(model: nn.Module) -> list[int | None]:
-    """Each layer's sliding window (None: it sees every earlier position), read as Transformers' caches and masks
-    read it: layers named `sliding_attention`, or every layer where a config gives a window and names no kinds
-    (Mistral). Chunked attention (Llama 4) is another pattern, refused."""
+def sliding_window(model: nn.Module) -> int | None:
+    """The window of the target's sliding layers (None: no layer slides), read as Transformers' caches and masks
+    read it: the config's one `sliding_window`, for the layers named `sliding_attention`, or for every layer where a
+    config gives a window and names no kinds (Mistral). Chunked attention (Llama 4) is another pattern, refused."""
     cfg = model.config.get_text_config()
     named = list(getattr(cfg, "layer_types", None) or [])
     if getattr(cfg, "attention_chunk_size", None) or any("chunk" in t for t in named):
         raise NotImplementedError("chunked attention (Llama 4) is not supported by regeneration or the real "
                                   "speculative loop; set data.regenerate.enabled: false and bench.real_loop: false")
-    window = getattr(cfg, "sliding_window", None)
-    if named:
-        return [window if "sliding" in t else None for t in named]
-    return [window] * cfg.num_hidden_layers
+    if named and not names_sliding_layers(model):
+        return None
+    return getattr(cfg, "sliding_window", None)
+
+
+def names_sliding_layers(model: nn.Module) -> bool:
+    """Whether the config names sliding layers among others: such models take one attention mask per layer kind."""
+    return any("sliding" in t for t in layer_types(model))
+
+
+@functools.cache
+def _cache_kwarg(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def cache_kwarg(module: nn.Module) -> str:
     """The keyword a forward takes its cache by: `cache` from Transformers 5.2x (which deprecates
     `past_key_values` and drops it in 5.40), `past_key_values` before and in remote code."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    return _cache_kwarg(type(module))  # once per class: the real loop and AR decoding call it every forward
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
