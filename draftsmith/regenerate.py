@@ -327,7 +327,8 @@ class Engine:
         pos = (att.cumsum(-1) - 1).clamp_min(0)
         out = self.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
                          position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1], out.get("cache", out.get("past_key_values")), ids.shape[1]
+        cache = out.get("cache")  # Transformers 5.2x; reading `past_key_values` there warns that it is deprecated
+        return out.logits[:, -1], out.past_key_values if cache is None else cache, ids.shape[1]
 
     @torch.inference_mode()
     def _admit(self, slot_ids: list[int], prompts: list[list[int]], limits: list[int]) -> None:
