@@ -2,11 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# A CPU build of torch is enough for the demo and the tests; GPU nodes install their own (see README).
+# A CPU build of torch is enough for the demo and the tests; GPU nodes install their own CUDA build first.
 TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 
-.PHONY: setup slurm-deps demo demo-fp8 test lint clean
+.PHONY: setup slurm-deps demo demo-fp8 test test-unit lint clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 
 setup: $(VENV)/.installed
 
-# Debian's SLURM and munge for tests/test_slurm.py, which starts a one-host cluster from them (CI calls this).
+# Debian's SLURM and munge for tests/workflow/test_slurm.py, which starts a one-host cluster from them (CI calls this).
 # Installs only as root with apt; elsewhere it says so and the test skips.
 SLURM_BINS := munged slurmctld slurmd sbatch srun squeue sinfo scontrol
 slurm-deps:
@@ -29,10 +29,10 @@ slurm-deps:
 		export DEBIAN_FRONTEND=noninteractive; PKGS="slurmd slurmctld slurm-client munge"; \
 		apt-get install -y -q --no-install-recommends $$PKGS || \
 		{ apt-get update -q && apt-get install -y -q --no-install-recommends $$PKGS; } || \
-		echo "slurm-deps: apt-get could not install SLURM; tests/test_slurm.py will be skipped"; \
+		echo "slurm-deps: apt-get could not install SLURM; tests/workflow/test_slurm.py will be skipped"; \
 	else \
 		echo "slurm-deps: SLURM is missing and cannot be installed here (needs root and apt-get);" \
-		     "tests/test_slurm.py will be skipped"; \
+		     "tests/workflow/test_slurm.py will be skipped"; \
 	fi
 
 demo: setup
@@ -47,10 +47,16 @@ demo-fp8: demo
 test: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -rs tests
 
+test-unit: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -rs tests/unit
+
+# What CI and the pre-commit hooks run (.pre-commit-config.yaml calls these same commands).
 lint: setup
-	$(BIN)/ruff check draftsmith scripts tests
+	$(BIN)/ruff check draftsmith tests
+	$(BIN)/ruff format --check draftsmith tests
 	$(BIN)/snakefmt --check Snakefile workflow
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --lint
+	$(BIN)/mypy
 
 clean:
 	rm -rf results .snakemake

@@ -1,8 +1,8 @@
 """Benchmark report: merge per-prompt records into summary tables and plots.
 
-Numbers are pooled over prompts, not averaged per prompt: tau = all committed tokens / all verification rounds,
-and speedup = (AR seconds per output token) / (method seconds per output token), both sums taken over the same
-prompts of the same run.
+Numbers are pooled over prompts, not averaged per prompt: tau = all committed tokens / all verification
+rounds, and speedup = (AR seconds per output token) / (method seconds per output token), both sums taken over
+the same prompts of the same run.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import math
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from draftsmith.speculate import acceptance_by_position, histogram  # noqa: E402
-from draftsmith.store import tmp_path  # noqa: E402
+from draftsmith.core.io import atomic, write_text
+from draftsmith.speculative.replay import acceptance_by_position, histogram
+
+matplotlib.use("Agg")
 
 
 def read_records(paths: list[str]) -> list[dict]:
@@ -153,12 +153,6 @@ def plot_position_acceptance(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = tmp_path(path)
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def comparison(df: pd.DataFrame, label_here: str, others: dict[str, str]) -> pd.DataFrame:
     """tau of this run next to other runs' (e.g. the bf16 demo next to the fp8 one) on the same rows."""
     keys = ["dataset", "method", "budget"]
@@ -176,27 +170,34 @@ def drafter_lines(train_summary: dict) -> str:
     if acc is not None and base is not None:
         lines.append(f"- held-out block-position-1 accuracy {acc:.3f} vs frequency baseline {base:.3f}")
     if "first_loss" in train_summary and "final_loss_mean_last10pct" in train_summary:
-        lines.append(f"- training loss {train_summary['first_loss']:.3f} -> "
-                     f"{train_summary['final_loss_mean_last10pct']:.3f} (mean of the last 10% of steps)")
+        lines.append(
+            f"- training loss {train_summary['first_loss']:.3f} -> "
+            f"{train_summary['final_loss_mean_last10pct']:.3f} (mean of the last 10% of steps)"
+        )
     return "\n".join(lines) + "\n\n"
 
 
-def write_report(parts: list[str], out_dir: str | Path, train_summary: str | None = None,
-                 label_here: str = "this run", compare: dict[str, str] | None = None) -> pd.DataFrame:
+def write_report(
+    parts: list[str],
+    out_dir: str | Path,
+    train_summary: str | None = None,
+    label_here: str = "this run",
+    compare: dict[str, str] | None = None,
+) -> pd.DataFrame:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records = read_records(parts)
-    _write_text(out / "records.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    write_text(out / "records.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     df = summarize(records)
-    df.to_csv(tmp_path(out / "summary.csv"), index=False)
-    tmp_path(out / "summary.csv").replace(out / "summary.csv")
+    with atomic(out / "summary.csv") as tmp:
+        df.to_csv(tmp, index=False)
     text = "# Acceptance benchmark\n\n"
     if train_summary and Path(train_summary).exists():
         text += drafter_lines(json.loads(Path(train_summary).read_text()))
     text += "## Summary\n\n" + markdown(df)
     if compare:
         text += f"\n## tau next to other runs\n\n{markdown(comparison(df, label_here, compare))}"
-    _write_text(out / "summary.md", text)
+    write_text(out / "summary.md", text)
     plot_tau_by_method(df, out / "tau_by_method.png")
     plot_tau_vs_budget(df, out / "tau_vs_budget.png")
     plot_position_acceptance(records, out / "position_acceptance.png")

@@ -25,46 +25,46 @@ for phase in "$@"; do
         python3 -c "import torch, transformers, fla, snakemake; print(torch.__version__, transformers.__version__, fla.__version__, snakemake.__version__)"
         ;;
     extract1)  # extraction vs bare forward, one GPU, 27B shape
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_extract.py --shape $SHAPE --tokens ${TOKENS:-250000} --repeats 2 \
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_extract --shape $SHAPE --tokens ${TOKENS:-250000} --repeats 2 \
             --out-dir /tmp/dsbench --json-out "$OUT/extract_1gpu.json" 2>&1 | tail -40 | tee "$OUT/extract_1gpu.log"
         ;;
     extract1fp8)
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_extract.py --shape $SHAPE --tokens 250000 --storage fp8 \
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_extract --shape $SHAPE --tokens 250000 --storage fp8 \
             --out-dir /tmp/dsbench --json-out "$OUT/extract_1gpu_fp8.json" 2>&1 | tail -40 | tee "$OUT/extract_1gpu_fp8.log"
         ;;
     extract2)  # two extraction processes at once (one per GPU, one disk) against the one-GPU baseline
-        python3 scripts/bench_extract.py --shape $SHAPE --tokens 250000 --gpus 2 --out-dir /tmp/dsbench \
+        python3 -m draftsmith.perf.bench_extract --shape $SHAPE --tokens 250000 --gpus 2 --out-dir /tmp/dsbench \
             --baseline-json "$OUT/extract_1gpu.json" --json-out "$OUT/extract_2gpu.json" 2>&1 | tail -40 | tee "$OUT/extract_2gpu.log"
         ;;
     spec)  # per-round cost of the DFlash real loop on the hybrid 27B shape
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_spec.py --shape $SHAPE --json-out "$OUT/spec_split.json" 2>&1 \
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_round --shape $SHAPE --json-out "$OUT/spec_split.json" 2>&1 \
             | tail -20 | tee "$OUT/spec_split.log"
         ;;
     train)  # drafter training throughput, Qwen3.6-27B drafter shape, one then two GPUs
-        python3 scripts/bench_train.py --gpus 2 2>&1 | tail -40 | tee "$OUT/train.log"
+        python3 -m draftsmith.perf.bench_train --gpus 2 2>&1 | tail -40 | tee "$OUT/train.log"
         ;;
     profile)  # top CUDA kernels of the bare forward; torch vs fla short convolution
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_extract.py --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.profile_extract --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"
         ;;
     regen)  # the engine on the 27B shape, 1k-token answers, as a CUDA graph (and eager at 128); kernel checks and times
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-128,256} \
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-128,256} \
             --waves ${REGEN_WAVES:-1} --new-tokens ${REGEN_NEW:-1024} --cuda-graph --eager-batches ${REGEN_EAGER:-128} \
             --unfused-batches "${REGEN_UNFUSED:-}" --kernel-times \
             --generate-batches "" --check-prompts 2 ${REGEN_ARGS:-} --json-out "$OUT/regen.json" 2>&1 \
             | grep --line-buffered -v Warning | tee "$OUT/regen.log"
         ;;
     regen_vs_generate)  # generate and the engine on the same prompts: fixed 64-token answers, then spread lengths
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes 64 --new-tokens 128 \
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes 64 --new-tokens 128 \
             --cuda-graph --generate-batches ${GEN_BATCHES:-64,128,256} --generate-new-tokens 64 --check-prompts 0 \
             --json-out "$OUT/regen_vs_generate.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/regen_vs_generate.log"
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes 64 --new-tokens 64 \
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes 64 --new-tokens 64 \
             --cuda-graph --generate-batches ${SPREAD_BATCHES:-64,128} --generate-waves 2 --spread \
             --generate-new-tokens ${SPREAD_NEW:-192} --check-prompts 0 --json-out "$OUT/regen_spread.json" 2>&1 \
             | grep --line-buffered -v Warning | tee "$OUT/regen_spread.log"
         ;;
     regen_best)  # the workload at the engine's best batch: generate and the engine on the same prompts,
         # 1k-token answers (the comparison line is printed before the engine's warm rerun, so a cut run keeps it)
-        CUDA_VISIBLE_DEVICES=0 python3 scripts/bench_regenerate.py --shape $SHAPE --batch-sizes "" --cuda-graph \
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes "" --cuda-graph \
             --generate-batches ${BEST_BATCH:-256} --generate-new-tokens ${BEST_NEW:-1024} --check-prompts 0 ${BEST_ARGS:-} \
             --json-out "$OUT/${BEST_NAME:-regen_best}.json" 2>&1 | grep --line-buffered -v Warning \
             | tee "$OUT/${BEST_NAME:-regen_best}.log"
@@ -74,15 +74,15 @@ for phase in "$@"; do
         BEST_NEW=${BEST_NEW:-512} BEST_ARGS="--spread --generate-waves 2" BEST_NAME=regen_best_spread "$0" regen_best
         ;;
     gputests)  # the tests that only run on a GPU (Triton kernels, the engine's GPU path) and the engine's others
-        python3 -m pytest -q -rs tests/test_decode_kernels.py tests/test_regenerate.py 2>&1 | tee "$OUT/gputests.log"
+        python3 -m pytest -q -rs tests/unit/test_decode_kernels.py tests/unit/test_regenerate.py 2>&1 | tee "$OUT/gputests.log"
         ;;
     regen_refill)  # refill prefills: admission time per group size (cold, warm), then spread answers with refill
         # groups of any size against powers of two; each process gets an empty Triton cache, as a new job would
-        CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_regenerate.py --shape $SHAPE \
+        CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE \
             --batch-sizes "" --generate-batches "" --check-prompts 0 --admit-sizes ${ADMIT_SIZES:-1,2,3,4,5,6,7,8,16} \
             --json-out "$OUT/regen_admit.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/regen_admit.log"
         for mode in --any-group-size ""; do
-            CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_regenerate.py --shape $SHAPE \
+            CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE \
                 --batch-sizes "" --cuda-graph --generate-batches ${SPREAD_BATCHES:-64} --generate-waves 2 --spread \
                 --generate-new-tokens ${SPREAD_NEW:-256} --check-prompts 0 $mode \
                 --json-out "$OUT/regen_refill${mode:+_any}.json" 2>&1 | grep --line-buffered -v Warning \
@@ -102,7 +102,7 @@ for phase in "$@"; do
         grep -h "tokens/s" results/logs/extract/*.log | tee "$OUT/demo1_extract.log"
         ;;
     workflow27b)  # a random-weight 27B-shape target (WSHAPE= another preset) through the workflow, one extraction job per GPU
-        [ -d /tmp/r27b ] || python3 scripts/make_random_target.py --shape ${WSHAPE:-$SHAPE} --tokenizer ${TOKENIZER:-/tmp/demo/demo/target} \
+        [ -d /tmp/r27b ] || python3 -m draftsmith.perf.make_random_target --shape ${WSHAPE:-$SHAPE} --tokenizer ${TOKENIZER:-/tmp/demo/demo/target} \
             --out /tmp/r27b --data-out /tmp/r27b.jsonl --samples 200 > "$OUT/r27b_make.log" 2>&1
         printf '%s\n' 'results: /tmp/w27' 'target: {model: /tmp/r27b, dtype: bf16}' \
             'data: {path: /tmp/r27b.jsonl, max_length: 8192, regenerate: {enabled: false}}' \

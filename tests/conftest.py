@@ -1,5 +1,5 @@
-"""Shared fixtures: tiny real targets (Hugging Face models built from configs, random weights, a real tokenizer),
-and the helpers that run the workflow through the Snakemake CLI on them."""
+"""Shared fixtures: tiny real targets (Hugging Face models built from configs, random weights, a real
+tokenizer), and the helpers that run the workflow through the Snakemake CLI on them."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ import pytest
 import torch
 import yaml
 
+from draftsmith.demo.data import read_text, split_files
+from draftsmith.demo.target import train_tokenizer
+
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -22,27 +25,33 @@ torch.set_num_threads(2)
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from draftsmith import demo
 
-    texts = [demo.read_text(p) for p in demo.split_files()[0][:40]]
-    return demo.train_tokenizer(texts, vocab_size=400)
+    texts = [read_text(p) for p in split_files()[0][:40]]
+    return train_tokenizer(texts, vocab_size=400)
 
 
 def tiny_model(kind: str, vocab: int, layers: int = 8, hidden: int = 64, seed: int = 0, **overrides):
-    """A tiny target with random weights, of either family: `hybrid` (Qwen3.5: Gated DeltaNet + full attention,
-    one full-attention layer in four) or `attention` (Qwen3: full attention only)."""
+    """A tiny target with random weights, of either family: `hybrid` (Qwen3.5: Gated DeltaNet + full
+    attention, one full-attention layer in four) or `attention` (Qwen3: full attention only)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
     fields = dict(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
     if kind == "hybrid":
-        fields.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                      linear_value_head_dim=16)
+        fields.update(
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16
+        )
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**fields, **overrides})).eval()
-        from draftsmith.extract import kernels_follow_device
+        from draftsmith.target.kernels import kernels_follow_device
 
         kernels_follow_device(model)  # on a GPU node with fla installed, CPU tests must not reach Triton
         return model
@@ -50,36 +59,73 @@ def tiny_model(kind: str, vocab: int, layers: int = 8, hidden: int = 64, seed: i
 
 
 def sliding_model(family: str, vocab: int, window: int, slide: bool = True):
-    """Tiny targets with sliding layers (slide False: the same weights, every layer sees every position). `mistral`
-    gives a window and no layer kinds, so every layer slides (Transformers' reading); the others name them."""
+    """Tiny targets with sliding layers (slide False: the same weights, every layer sees every position).
+    `mistral` gives a window and no layer kinds, so every layer slides (Transformers' reading); the others
+    name them."""
     import transformers as tf
 
     n = 2 if family in ("mistral", "gpt-oss") else 3
-    kinds = (["sliding_attention", "full_attention", "sliding_attention"][:n] if slide
-             else ["full_attention"] * n)
-    shape = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=n, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, sliding_window=window, tie_word_embeddings=False)
+    kinds = (
+        ["sliding_attention", "full_attention", "sliding_attention"][:n] if slide else ["full_attention"] * n
+    )
+    shape = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=n,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=window,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     if family == "mistral":
-        return tf.MistralForCausalLM(tf.MistralConfig(**{**shape, "sliding_window": window if slide else None})).eval()
+        return tf.MistralForCausalLM(
+            tf.MistralConfig(**{**shape, "sliding_window": window if slide else None})
+        ).eval()
     if family == "gemma2":  # logit soft-capping in attention and after the head
         # (a cap small enough to change what random weights attend to)
         # (eager: Transformers 5.17 ran Gemma 2 on SDPA, which drops the cap)
-        cfg = tf.Gemma2Config(**shape, layer_types=kinds, query_pre_attn_scalar=1, attn_logit_softcapping=0.01)
+        cfg = tf.Gemma2Config(
+            **shape, layer_types=kinds, query_pre_attn_scalar=1, attn_logit_softcapping=0.01
+        )
         cfg._attn_implementation = "eager"
         return tf.Gemma2ForCausalLM(cfg).eval()
     if family == "gpt-oss":  # attention sinks, experts
-        return tf.GptOssForCausalLM(tf.GptOssConfig(**{**shape, "intermediate_size": 64}, num_local_experts=4,
-                                                    num_experts_per_tok=2, layer_types=kinds)).eval()
-    return tiny_model("attention", vocab, layers=n, use_sliding_window=True, sliding_window=window,
-                      max_window_layers=0, layer_types=kinds)
+        return tf.GptOssForCausalLM(
+            tf.GptOssConfig(
+                **{**shape, "intermediate_size": 64},
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                layer_types=kinds,
+            )
+        ).eval()
+    return tiny_model(
+        "attention",
+        vocab,
+        layers=n,
+        use_sliding_window=True,
+        sliding_window=window,
+        max_window_layers=0,
+        layer_types=kinds,
+    )
 
 
-def build_target(path: Path, tokenizer, kind: str = "hybrid", layers: int = 8, hidden: int = 64, seed: int = 0):
+def build_target(
+    path: Path, tokenizer, kind: str = "hybrid", layers: int = 8, hidden: int = 64, seed: int = 0
+):
     """`tiny_model` saved as a Hugging Face model directory with the tokenizer beside it."""
     vocab = (len(tokenizer) // 64 + 1) * 64
-    model = tiny_model(kind, vocab, layers, hidden, seed, eos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id)
+    model = tiny_model(
+        kind,
+        vocab,
+        layers,
+        hidden,
+        seed,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -95,11 +141,18 @@ def attention_target(tmp_path_factory, tokenizer):
     return build_target(tmp_path_factory.mktemp("attention"), tokenizer, "attention")
 
 
-def snakemake(*args, check: bool = True, env: dict | None = None, cores: int = 2) -> subprocess.CompletedProcess:
+def snakemake(
+    *args, check: bool = True, env: dict | None = None, cores: int = 2
+) -> subprocess.CompletedProcess:
     """The Snakemake CLI in the repository (its workflow profile included), as a user runs it."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", str(cores), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", str(cores), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -121,14 +174,17 @@ def job_counts(snakemake_output: str) -> dict[str, int]:
 
 def make_workflow(root: Path, tokenizer, records: int = 24, **sections) -> Path:
     """A tiny hybrid target, `records` prompt/response records of demo text and a config.yaml using them."""
-    from draftsmith import demo
 
     build_target(root / "target", tokenizer, "hybrid", layers=8, hidden=32)
-    texts = [demo.read_text(p) for p in demo.split_files()[0][:records]]
+    texts = [read_text(p) for p in split_files()[0][:records]]
     with open(root / "data.jsonl", "w") as f:
         for i, t in enumerate(texts):
-            f.write(json.dumps({"id": f"r{i}", "prompt": t[:120], "response": t[120:200 + 8 * i]}) + "\n")
-    cfg = {"results": str(root / "results"), "target": {"model": str(root / "target")},
-           "data": {"path": str(root / "data.jsonl"), "max_length": 128}, **sections}
+            f.write(json.dumps({"id": f"r{i}", "prompt": t[:120], "response": t[120 : 200 + 8 * i]}) + "\n")
+    cfg = {
+        "results": str(root / "results"),
+        "target": {"model": str(root / "target")},
+        "data": {"path": str(root / "data.jsonl"), "max_length": 128},
+        **sections,
+    }
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
     return root / "config.yaml"

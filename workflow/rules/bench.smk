@@ -22,7 +22,7 @@ rule bench:
         bench=as_json("bench", drop=("compare", "datasets")),
         tcfg=as_json("target"),
     shell:
-        "python scripts/bench.py --target {params.target} --drafter {input.drafter} --target-json {params.tcfg}"
+        "python -m draftsmith.steps.bench --target {params.target} --drafter {input.drafter} --target-json {params.tcfg}"
         " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"
         " --parts {params.parts} --bench-json {params.bench} --gpus {resources.gpu} --threads {threads}"
         " --out {output.records} > {log} 2>&1"
@@ -68,5 +68,5 @@ rule report:
         label=f"{config['extract']['storage']} storage",
         compare=compare_args(),
     shell:
-        "python scripts/report.py --parts {input.parts} --out {params.out} --train-summary {input.train}"
+        "python -m draftsmith.steps.report --parts {input.parts} --out {params.out} --train-summary {input.train}"
         " --label {params.label:q} --compare {params.compare} > {log} 2>&1"

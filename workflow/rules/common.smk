@@ -6,13 +6,13 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from draftsmith import preflight
-from draftsmith.gpu_pool import visible_gpus
+from draftsmith.config import preflight, problems_message
+from draftsmith.core.gpu_pool import visible_gpus
 
 validate(config, schema="../schemas/config.schema.yaml")
 # values wrong for this target (tap layers, mask token, a preset for another model), before any job runs
-if problems := preflight.check(config):
-    raise WorkflowError(preflight.report(problems))
+if problems := preflight(config):
+    raise WorkflowError(problems_message(problems))
 
 
 RESULTS = config["results"]

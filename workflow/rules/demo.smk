@@ -14,5 +14,5 @@ rule demo:
         seed=config["demo"]["seed"],
         steps=config["demo"]["steps"],
     shell:
-        "python scripts/build_demo.py --target-out {output.target} --data-out $(dirname {output.train})"
+        "python -m draftsmith.steps.demo --target-out {output.target} --data-out $(dirname {output.train})"
         " --seed {params.seed} --steps {params.steps} --threads {threads} > {log} 2>&1"

@@ -16,7 +16,7 @@ rule probe:
         max_length=config["data"]["max_length"],
         preflight=preflight_json(),
     shell:
-        "python scripts/probe.py --target {params.target} --extract-json {params.extract}"
+        "python -m draftsmith.steps.probe --target {params.target} --extract-json {params.extract}"
         " --taps-json {params.taps} --max-length {params.max_length} --preflight-json {params.preflight}"
         " --out {output.json} > {log} 2>&1"
 
@@ -38,7 +38,7 @@ rule prepare:
         cfg=as_json("data"),
         mask=mask_check_args(),
     shell:
-        "python scripts/prepare.py --target {params.target} --data {params.data} --data-json {params.cfg}"
+        "python -m draftsmith.steps.prepare --target {params.target} --data {params.data} --data-json {params.cfg}"
         " {params.mask} --out {output.samples} --stats {output.stats} > {log} 2>&1"
 
 
@@ -52,7 +52,7 @@ rule shard:
     conda:
         "../../envs/draftsmith.yaml"
     shell:
-        "python scripts/shard.py --samples {input.samples} --out {output.shards} > {log} 2>&1"
+        "python -m draftsmith.steps.shard --samples {input.samples} --out {output.shards} > {log} 2>&1"
 
 
 rule extract:
@@ -82,7 +82,7 @@ rule extract:
         taps=as_json("taps"),
         ecfg=as_json("extract"),
     shell:
-        "python scripts/extract.py --target {params.target} --shard {input.shard} --probe {input.probe}"
+        "python -m draftsmith.steps.extract --target {params.target} --shard {input.shard} --probe {input.probe}"
         " --target-json {params.tcfg} --data-json {params.dcfg} --taps-json {params.taps}"
         " --extract-json {params.ecfg} --budget-div {resources.budget_div} --threads {threads}"
         " --out {output.shard} --manifest {output.manifest} > {log} 2>&1"
@@ -109,7 +109,7 @@ rule validate:
         tcfg=as_json("target"),
         ecfg=as_json("extract"),
     shell:
-        "python scripts/validate.py --target {params.target} --prepared {input.prepared} --shard {input.shard}"
+        "python -m draftsmith.steps.validate --target {params.target} --prepared {input.prepared} --shard {input.shard}"
         " --manifest {input.manifest} --probe {input.probe} --target-json {params.tcfg}"
         " --extract-json {params.ecfg} --threads {threads} --out {output.report} > {log} 2>&1"
 
@@ -126,7 +126,7 @@ rule merge:
     conda:
         "../../envs/draftsmith.yaml"
     shell:
-        "python scripts/merge.py --manifests {input.manifests} --validations {input.validations}"
+        "python -m draftsmith.steps.merge --manifests {input.manifests} --validations {input.validations}"
         " --out {output.manifest} > {log} 2>&1"
 
 

@@ -28,7 +28,7 @@ rule train:
         train=as_json("train"),
         mask=preset_mask_arg(),
     shell:
-        "python scripts/train.py --dataset {input.dataset} --target {params.target} --out {params.out}"
+        "python -m draftsmith.steps.train --dataset {input.dataset} --target {params.target} --out {params.out}"
         " --drafter-json {params.drafter} --train-json {params.train} {params.mask} > {log} 2>&1"
 
 
@@ -46,5 +46,5 @@ rule export:
         target=target_path(),
         train_dir=lambda wildcards, input: os.path.dirname(input.final),
     shell:
-        "python scripts/export.py --train-dir {params.train_dir} --target {params.target}"
+        "python -m draftsmith.steps.export --train-dir {params.train_dir} --target {params.target}"
         " --out {output.drafter} > {log} 2>&1"

@@ -1,0 +1,51 @@
+"""What every step sets up: one log per job, its share of CPU threads, JSON arguments, the compute dtype,
+device syncs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import torch
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """One readable log per job: Snakemake redirects stderr into the rule's log file."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def json_arg(text: str) -> Any:
+    return json.loads(text) if text else {}
+
+
+def set_threads(threads: int | None) -> None:
+    """CPU jobs share the machine: each uses only the threads Snakemake gave it."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    """A config's dtype name; `auto` is bf16 on a GPU and fp32 on the CPU."""
+    if name in ("auto", None):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }[name]
+
+
+def sync_device(device: torch.device) -> None:
+    """Waits for the device's queued work (a no-op on the CPU): timers read wall time only after it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

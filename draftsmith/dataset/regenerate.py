@@ -1,0 +1,128 @@
+"""Regenerating each sample's last assistant turn with the target, and the answer cache that keeps them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from draftsmith.config import content_hash
+from draftsmith.core.io import write_json, write_parquet
+from draftsmith.engine.engine import Engine, RegenStats
+from draftsmith.engine.memory import plan_slots
+from draftsmith.target.load import eos_ids_of
+
+log = logging.getLogger(__name__)
+
+
+def regenerate(
+    model,
+    tokenizer,
+    samples: pd.DataFrame,
+    max_new_tokens: int,
+    temperature: float,
+    max_length: int,
+    slots: int,
+    seed: int,
+    top_p: float = 1.0,
+    sync_every: int = 8,
+    cuda_graph: bool = True,
+) -> tuple[pd.DataFrame, RegenStats]:
+    """Replaces each last assistant turn with the target's own answer (drafters learn the target, not the
+    data)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    prompts = [list(map(int, ids[:pl])) for ids, pl in zip(samples["input_ids"], samples["prompt_len"])]
+    longest = max((len(p) for p in prompts), default=1)
+    max_len = min(max_length, longest + max_new_tokens) + 1
+    slots = max(1, min(slots, len(prompts)))
+    device = next(model.parameters()).device
+    if device.type == "cuda":  # slots are preallocated: size them to the memory left beside the weights
+        torch.cuda.empty_cache()
+        slots = plan_slots(model, slots, max_len, pad, torch.cuda.mem_get_info(device)[0])
+    engine = Engine(
+        model,
+        slots=slots,
+        max_len=max_len,
+        eos_ids=eos_ids_of(model, tokenizer),
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        sync_every=sync_every,
+        pad_id=pad,
+        cuda_graph=cuda_graph,
+    )
+    answers, stats = engine.run(prompts, max_new_tokens)
+    log.info("regenerated %s; %s", stats.summary(), stats.admission_summary())
+    new_ids, new_mask = [], []
+    for k, (p, resp) in enumerate(zip(prompts, answers)):
+        old_mask = np.asarray(samples["loss_mask"].iloc[k][: len(p)], dtype=np.uint8)
+        new_ids.append(np.asarray(p + resp, dtype=np.int32)[:max_length])
+        new_mask.append(np.concatenate([old_mask, np.ones(len(resp), dtype=np.uint8)])[:max_length])
+    out = samples.copy()
+    out["input_ids"] = new_ids
+    out["loss_mask"] = new_mask
+    out["num_tokens"] = [len(x) for x in new_ids]
+    return out, stats
+
+
+def cache_key(target: dict, regen: dict, max_length: int, samples: pd.DataFrame) -> str:
+    """What the answers depend on: the target, the decoding settings and the prompts. Not the slot count or
+    the sync interval, which change speed only, so a retry with fewer slots still reuses them."""
+    decoding = {k: v for k, v in regen.items() if k not in ("batch_size", "sync_every", "cuda_graph")}
+    prompts = [
+        np.asarray(ids[:pl]).tobytes().hex() for ids, pl in zip(samples["input_ids"], samples["prompt_len"])
+    ]
+    return content_hash(target, decoding, max_length, samples["id"].tolist(), prompts)
+
+
+def regenerate_cached(
+    model, tokenizer, samples: pd.DataFrame, cache: Path, key: str, **kwargs
+) -> tuple[pd.DataFrame, RegenStats | None]:
+    """`regenerate`, with the answers kept in `cache` (a parquet file and its key beside it): a rerun of the
+    job (a retry after running out of memory in extraction, a killed job, new taps or storage) reuses them
+    instead of decoding for hours again. Stats are None when the answers were reused."""
+    stamp = cache.with_suffix(".json")
+    try:
+        if json.loads(stamp.read_text()).get("key") == key:
+            done = pd.read_parquet(cache)
+            if done["id"].tolist() == samples["id"].tolist():
+                log.info(
+                    "regeneration: reusing %d answers from %s (same target, settings and prompts)",
+                    len(done),
+                    cache,
+                )
+                return done, None
+    except (OSError, ValueError, KeyError):
+        pass  # no cache, or a torn one: decode
+    out, stats = regenerate(model, tokenizer, samples, **kwargs)
+    write_parquet(out, cache)
+    write_json(stamp, {"key": key, "answers": len(out)})
+    return out, stats
+
+
+def regenerate_shard(
+    model, tokenizer, samples: pd.DataFrame, *, shard_out: Path, target: dict, data: dict, slots: int
+) -> tuple[pd.DataFrame, RegenStats | None]:
+    """The extract job's regeneration: answers kept beside the shards (extract/regen/), reused by any rerun; a
+    retry after running out of memory passes half the slots."""
+    regen, max_length = data["regenerate"], int(data["max_length"])
+    cache = shard_out.parent / "regen" / f"{shard_out.stem}.parquet"
+    return regenerate_cached(
+        model,
+        tokenizer,
+        samples,
+        cache,
+        cache_key(target, regen, max_length, samples),
+        max_new_tokens=int(regen["max_new_tokens"]),
+        temperature=float(regen["temperature"]),
+        max_length=max_length,
+        slots=slots,
+        seed=int(regen["seed"]),
+        top_p=float(regen["top_p"]),
+        sync_every=int(regen["sync_every"]),
+        cuda_graph=bool(regen["cuda_graph"]),
+    )

@@ -1,0 +1,132 @@
+"""Training batches: anchors drawn from response tokens, packed sequences, the epoch plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from draftsmith.dataset.merge import MergedDataset
+from draftsmith.dataset.shards import Sample
+from draftsmith.drafter.config import DrafterConfig
+from draftsmith.drafter.model import BlockLayout
+
+
+def anchor_candidates(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Positions a >= 1 whose next token is trained on: the block's first prediction is a real label."""
+    t = loss_mask.shape[0]
+    if t < 3:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.nonzero(loss_mask[2:]).flatten() + 1
+
+
+def pick_anchors(loss_mask: torch.Tensor, n: int, seed: list[int]) -> torch.Tensor:
+    """Up to n distinct anchors, sorted; seeded by [seed, epoch, sample] so every epoch draws afresh."""
+    cand = anchor_candidates(loss_mask).numpy()
+    if len(cand) > n:
+        cand = np.sort(np.random.default_rng(seed).choice(cand, size=n, replace=False))
+    return torch.from_numpy(cand).long()
+
+
+@dataclass
+class Batch:
+    taps: torch.Tensor  # [T, n_taps*H] context tap states, sequences packed
+    layout: BlockLayout  # positions / sequence ids of context tokens and blocks
+    block_tokens: torch.Tensor  # [Q] anchor then MASK tokens, per block
+    labels: torch.Tensor  # [Q] target token at each block position, -100 where not trained on
+    num_tokens: int  # context tokens (target tokens) in the batch
+
+    def query_positions(self) -> torch.Tensor:
+        """RoPE positions of the block tokens: anchor .. anchor + B - 1."""
+        lay = self.layout
+        return (
+            lay.anchor[:, None] + torch.arange(lay.block_size, device=lay.anchor.device)[None, :]
+        ).flatten()
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> Batch:
+        lay = self.layout
+        return Batch(
+            self.taps.to(device, dtype, non_blocking=True),
+            BlockLayout(
+                lay.ctx_doc.to(device),
+                lay.ctx_pos.to(device),
+                lay.block_doc.to(device),
+                lay.anchor.to(device),
+                lay.block_size,
+            ),
+            self.block_tokens.to(device),
+            self.labels.to(device),
+            self.num_tokens,
+        )
+
+
+def make_batch(
+    samples: list[Sample], anchors: list[torch.Tensor], block_size: int, mask_token_id: int
+) -> Batch:
+    """Packs sequences into one flat context and all their blocks into one flat query set."""
+    B = block_size
+    ctx_doc, ctx_pos, block_doc, anchor, tokens, labels = [], [], [], [], [], []
+    k = torch.arange(B)
+    for s, (smp, a) in enumerate(zip(samples, anchors)):
+        t = smp.input_ids.shape[0]
+        ctx_doc.append(torch.full((t,), s, dtype=torch.long))
+        ctx_pos.append(torch.arange(t))
+        block_doc.append(torch.full((a.shape[0],), s, dtype=torch.long))
+        anchor.append(a)
+        p = a[:, None] + k[None, :]  # [n, B] position of each block slot
+        inside = p < t
+        pc = p.clamp(max=t - 1)
+        lab = torch.where(inside & smp.loss_mask[pc], smp.input_ids[pc], -100)
+        lab[:, 0] = -100  # the anchor is given, not predicted
+        tok = torch.full_like(p, mask_token_id)
+        tok[:, 0] = smp.input_ids[a]
+        tokens.append(tok.flatten())
+        labels.append(lab.flatten())
+    layout = BlockLayout(torch.cat(ctx_doc), torch.cat(ctx_pos), torch.cat(block_doc), torch.cat(anchor), B)
+    taps = torch.cat([smp.hidden for smp in samples])
+    return Batch(taps, layout, torch.cat(tokens), torch.cat(labels), int(taps.shape[0]))
+
+
+def split_indices(n: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed held-out set (at least one sample when the fraction is > 0 and there are >= 2 samples)."""
+    perm = np.random.default_rng([seed, 12345]).permutation(n)
+    k = int(round(n * heldout_fraction))
+    if heldout_fraction > 0 and n >= 2:
+        k = max(1, k)
+    return np.sort(perm[k:]), np.sort(perm[:k])
+
+
+def sample_cost(length: int, anchors_per_seq: int, block_size: int) -> int:
+    """Tokens a sample puts through the drafter: its context plus (at most) all its block positions."""
+    return int(length) + block_size * min(anchors_per_seq, max(0, int(length) - 2))
+
+
+def plan_epoch(
+    lengths: np.ndarray, indices: np.ndarray, budget: int, anchors: int, block: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """Shuffled indices packed greedily into batches under the token budget (an oversize sample goes
+    alone)."""
+    order = np.random.default_rng([seed, epoch]).permutation(indices)
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for i in order.tolist():
+        c = sample_cost(lengths[i], anchors, block)
+        if cur and used + c > budget:
+            batches.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += c
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def load_batch(ds: MergedDataset, idx: list[int], epoch: int, tcfg: dict, cfg: DrafterConfig) -> Batch:
+    samples = [ds[i] for i in idx]
+    anchors = [
+        pick_anchors(s.loss_mask, tcfg["anchors_per_seq"], [tcfg["seed"], epoch, i])
+        for s, i in zip(samples, idx)
+    ]
+    return make_batch(samples, anchors, cfg.block_size, cfg.mask_token_id)

@@ -1,0 +1,154 @@
+"""The drafter's shape (DrafterConfig), built in one place from a Hugging Face config and the drafter's
+settings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from draftsmith.target.files import text_fields
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    target_layer_ids: list[int]
+    num_target_layers: int
+    mask_token_id: int
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    max_position_embeddings: int = 40960
+    layer_types: list[str] = field(default_factory=list)  # filled with FULL when empty
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            self.layer_types = [FULL] * self.num_layers
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        bad = set(self.layer_types) - {FULL, SLIDING}
+        if bad:
+            raise ValueError(f"unknown layer types {sorted(bad)}; use {FULL!r} or {SLIDING!r}")
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise ValueError("sliding_attention layers need drafter.sliding_window")
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> DrafterConfig:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def rope_theta_of(cfg: dict) -> float:
+    theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta")
+    return float(theta or 1e6)
+
+
+def padded_vocab_gap(target_dir: str | Path | None, vocab_size: int) -> int | None:
+    """First id of the embedding table that the tokenizer never produces (the padding rows), if any."""
+    if target_dir is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        n = len(AutoTokenizer.from_pretrained(str(target_dir)))
+    except Exception:  # no tokenizer saved with the target
+        return None
+    return n if n < vocab_size else None
+
+
+def resolve_mask_token_id(setting: object, preset: int | None, vocab_size: int, target_dir=None) -> int:
+    """Config value, else the preset's (the id z-lab's drafters use), else an unused row of the padded
+    vocab."""
+    if setting not in (None, "auto"):
+        mid = int(str(setting))
+    elif preset is not None:
+        mid = int(preset)
+    else:
+        gap = padded_vocab_gap(target_dir, vocab_size)
+        if gap is None:
+            raise ValueError(
+                "no mask token: set drafter.mask_token_id, use a preset that defines one, or use a target "
+                f"whose vocabulary ({vocab_size} rows) has padding rows the tokenizer never emits"
+            )
+        mid = gap
+    if not 0 <= mid < vocab_size:
+        raise ValueError(f"mask_token_id {mid} outside the target's vocabulary of {vocab_size}")
+    return mid
+
+
+def drafter_config(
+    fields: dict,
+    taps: list[int],
+    *,
+    num_layers: int,
+    num_target_layers: int,
+    mask_token_id: int,
+    block_size: int,
+    intermediate_size: int | None = None,
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
+) -> DrafterConfig:
+    """The one place a DrafterConfig is assembled. `fields` are Hugging Face text-config fields (the target's,
+    or a z-lab checkpoint's own): hidden size, heads, KV heads, head_dim, vocabulary, norm epsilon and RoPE
+    come from them; the drafter's depth, block, mask token and layer kinds from the caller."""
+    hidden = int(fields["hidden_size"])
+    heads = int(fields["num_attention_heads"])
+    return DrafterConfig(
+        hidden_size=hidden,
+        num_layers=int(num_layers),
+        num_heads=heads,
+        num_kv_heads=int(fields.get("num_key_value_heads", heads)),
+        head_dim=int(fields.get("head_dim") or hidden // heads),
+        intermediate_size=int(intermediate_size or fields["intermediate_size"]),
+        vocab_size=int(fields["vocab_size"]),
+        target_layer_ids=[int(x) for x in taps],
+        num_target_layers=int(num_target_layers),
+        mask_token_id=int(mask_token_id),
+        block_size=int(block_size),
+        rms_norm_eps=float(fields.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta_of(fields),
+        max_position_embeddings=int(fields.get("max_position_embeddings", 40960)),
+        layer_types=list(layer_types or []),
+        sliding_window=sliding_window,
+    )
+
+
+def config_from_target(
+    target_config: dict,
+    taps: list[int],
+    section: dict,
+    preset_mask_token_id: int | None = None,
+    target_dir: str | Path | None = None,
+) -> DrafterConfig:
+    """Drafter shapes follow the target (hidden, heads, head_dim, intermediate) unless the `drafter` section
+    says."""
+    t = text_fields(target_config)
+    inter = section["intermediate_size"]  # auto: the target's
+    return drafter_config(
+        t,
+        taps,
+        num_layers=section["num_layers"],
+        num_target_layers=t["num_hidden_layers"],
+        mask_token_id=resolve_mask_token_id(
+            section["mask_token_id"], preset_mask_token_id, int(t["vocab_size"]), target_dir
+        ),
+        block_size=section["block_size"],
+        intermediate_size=None if inter == "auto" else inter,
+        layer_types=section["layer_types"],
+        sliding_window=section["sliding_window"],
+    )

@@ -1,0 +1,84 @@
+"""The block loss: cross-entropy on block positions 1..B-1 with DFlash's decaying position weights."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from draftsmith.drafter.batches import Batch
+
+
+def auto_gamma(block_size: int) -> float:
+    """Loss decay of the DFlash paper: 7 for B=16, 5 for B=10, 4 for B=8; scaled with B otherwise."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, 7.0 * block_size / 16))
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """Weight of block positions 0..B-1: 0 for the anchor, exp(-(k-1)/gamma) for k >= 1."""
+    k = torch.arange(block_size, dtype=torch.float32)
+    w = torch.exp(-(k - 1) / gamma)
+    w[0] = 0.0
+    return w
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Weighted cross-entropy through a frozen LM head, in row chunks: logits never exist for all rows at
+    once.
+
+    The gradient w.r.t. the hidden states is computed chunk by chunk in the forward pass (the head is frozen,
+    so that is all backward needs): memory is rows x H plus one chunk x V, whatever the vocabulary.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, labels, row_w, chunk: int):
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        pred = torch.empty_like(labels)
+        grad = torch.empty_like(h) if h.requires_grad else None
+        for i in range(0, h.shape[0], chunk):
+            hc = h[i : i + chunk]
+            logits = (hc.to(weight.dtype) @ weight.T).float()
+            lab, w = labels[i : i + chunk], row_w[i : i + chunk]
+            lse = torch.logsumexp(logits, dim=-1)
+            loss += (w * (lse - logits.gather(1, lab[:, None]).squeeze(1))).sum()
+            pred[i : i + chunk] = logits.argmax(-1)
+            if grad is not None:
+                g = torch.softmax(logits, dim=-1)
+                g[torch.arange(lab.shape[0], device=h.device), lab] -= 1.0
+                grad[i : i + chunk] = ((g * w[:, None]).to(weight.dtype) @ weight).to(h.dtype)
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(pred)
+        return loss, pred
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_pred):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None, None, None
+
+
+def chunk_rows(vocab_size: int, budget_elems: int = 1 << 27) -> int:
+    """Rows per loss chunk so one chunk of fp32 logits stays ~512 MB (248k vocab: 540 rows)."""
+    return max(1, budget_elems // vocab_size)
+
+
+def block_loss(
+    model: torch.nn.Module,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    batch: Batch,
+    masks: dict,
+    pos_w: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean weighted CE over trained block positions; also per-position (correct, count) over [B]."""
+    B = batch.layout.block_size
+    x = F.embedding(batch.block_tokens, embed)
+    h = model(batch.taps, batch.layout.ctx_pos, x, batch.query_positions(), masks)
+    slot = torch.arange(batch.labels.shape[0], device=h.device) % B
+    keep = batch.labels >= 0
+    rows, lab, slot = h[keep], batch.labels[keep], slot[keep]
+    w = pos_w.to(h.device)[slot]
+    total, pred = ChunkedCrossEntropy.apply(rows, lm_head, lab, w, chunk_rows(lm_head.shape[0]))
+    denom = w.sum().clamp_min(1e-9)
+    loss = total / denom if rows.shape[0] else h.sum() * 0.0  # keeps DDP's graph whole on an empty batch
+    correct = torch.zeros(B, device=h.device).index_add_(0, slot, (pred == lab).float())
+    count = torch.zeros(B, device=h.device).index_add_(0, slot, torch.ones_like(w))
+    return loss, correct, count

@@ -1,0 +1,222 @@
+"""The DFlash drafter: a few Qwen3 decoder layers that fill a block of masked tokens in one forward.
+
+Read top to bottom: norm and RoPE -> attention -> MLP -> decoder layer -> the drafter -> the attention masks
+of a training batch (every block at once). The shape lives in drafter/config.py, the inference-time wrapper in
+speculative/proposers.py.
+
+A block is [anchor token, MASK x (B-1)] at positions a..a+B-1. Its queries attend, bidirectionally, to the
+block itself and to the target's context: tap states of positions < a, concatenated, projected by `fc` +
+`hidden_norm` and fed to every layer's k_proj/v_proj as extra keys/values. The drafter has no embedding or LM
+head of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.drafter.config import SLIDING, DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    """Qwen3 RMSNorm (x * w, computed in fp32)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * x.to(dtype)).to(dtype)  # fp32 weights under bf16 autocast must not promote
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding, rotate-half layout as in HF Qwen3; x [1, heads, n, D], pos [n]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = pos.float()[:, None] * inv_freq[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """Dense boolean mask (CPU, inference) or a FlexAttention BlockMask (GPU training)."""
+    if mask is None or isinstance(mask, torch.Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return flex(q, k, v, block_mask=mask, enable_gqa=True)
+
+
+_flex_compiled = None
+
+
+def flex(q, k, v, **kw):
+    global _flex_compiled
+    if _flex_compiled is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _flex_compiled = torch.compile(flex_attention, dynamic=True)
+    return _flex_compiled(q, k, v, **kw)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.nh, self.nkv, self.d, self.theta = cfg.num_heads, cfg.num_kv_heads, d, cfg.rope_theta
+        self.q_proj = nn.Linear(h, self.nh * d, bias=False)
+        self.k_proj = nn.Linear(h, self.nkv * d, bias=False)
+        self.v_proj = nn.Linear(h, self.nkv * d, bias=False)
+        self.o_proj = nn.Linear(self.nh * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def kv(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values [1, kv heads, n, D] of x [n, H]; used for the context and for the block alike."""
+        n = x.shape[0]
+        k = self.k_norm(self.k_proj(x).view(1, n, self.nkv, self.d)).transpose(1, 2)
+        v = self.v_proj(x).view(1, n, self.nkv, self.d).transpose(1, 2)
+        return rope(k, pos, self.theta), v
+
+    def forward(self, x, pos, ctx_k, ctx_v, mask) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(1, n, self.nh, self.d)).transpose(1, 2)
+        q = rope(q, pos, self.theta)
+        k, v = self.kv(x, pos)
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)  # context first, then the block
+        y = attend(q, k.to(q.dtype), v.to(q.dtype), mask)
+        return self.o_proj(y.transpose(1, 2).reshape(n, self.nh * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, pos, ctx_k, ctx_v, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), pos, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Drafter(nn.Module):
+    """Parameter names match z-lab's checkpoints: fc, hidden_norm, layers.*, norm."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def context(self, taps: torch.Tensor) -> torch.Tensor:
+        """Target tap states [t, n_taps*H] -> one context state per position [t, H]."""
+        return self.hidden_norm(self.fc(taps))
+
+    def forward(
+        self,
+        taps: torch.Tensor,  # [T, n_taps*H] context tap states (all sequences of a batch, packed)
+        ctx_pos: torch.Tensor,  # [T] position of each context token in its sequence
+        x: torch.Tensor,  # [Q, H] embedded block tokens (all blocks, packed)
+        q_pos: torch.Tensor,  # [Q] positions of the block tokens
+        masks: dict,  # layer type -> mask over [Q, T + Q] (bool tensor or BlockMask)
+    ) -> torch.Tensor:
+        """Training forward: every block of the batch at once; returns the final-normed states [Q, H]."""
+        ctx = self.context(taps)
+        for layer in self.layers:
+            ck, cv = layer.self_attn.kv(ctx, ctx_pos)
+            x = layer(x, q_pos, ck, cv, masks[layer.layer_type])
+        return self.norm(x)
+
+
+@dataclass
+class BlockLayout:
+    """Where every key and query of a packed batch sits; the mask is a pure function of this."""
+
+    ctx_doc: torch.Tensor  # [T] sequence id of each context token
+    ctx_pos: torch.Tensor  # [T] position in its sequence
+    block_doc: torch.Tensor  # [N] sequence id of each block
+    anchor: torch.Tensor  # [N] anchor position of each block
+    block_size: int
+
+    @property
+    def num_ctx(self) -> int:
+        return int(self.ctx_doc.shape[0])
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.anchor.shape[0]) * self.block_size
+
+
+def mask_mod_for(layout: BlockLayout, window: int | None):
+    """FlexAttention-style mask_mod over keys [context T | blocks Q]: a block sees its own sequence's context
+    strictly before its anchor (and within the window on sliding layers) plus its own block, never another
+    block."""
+    T, B = layout.num_ctx, layout.block_size
+    ctx_doc, ctx_pos, block_doc, anchor = layout.ctx_doc, layout.ctx_pos, layout.block_doc, layout.anchor
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        blk = q_idx // B
+        qpos = anchor[blk] + q_idx % B
+        j = kv_idx.clamp(max=T - 1)
+        ctx_ok = (kv_idx < T) & (ctx_doc[j] == block_doc[blk]) & (ctx_pos[j] < anchor[blk])
+        if window is not None:
+            ctx_ok = ctx_ok & (qpos - ctx_pos[j] < window)
+        own_block = (kv_idx >= T) & ((kv_idx - T) // B == blk)
+        return ctx_ok | own_block
+
+    return mask_mod
+
+
+def dense_mask(layout: BlockLayout, window: int | None) -> torch.Tensor:
+    """The same mask materialised as a bool [Q, T + Q] tensor (CPU path and tests)."""
+    dev = layout.anchor.device
+    q = torch.arange(layout.num_queries, device=dev)[:, None]
+    kv = torch.arange(layout.num_ctx + layout.num_queries, device=dev)[None, :]
+    return mask_mod_for(layout, window)(0, 0, q, kv)
+
+
+def build_masks(layout: BlockLayout, cfg: DrafterConfig, use_flex: bool) -> dict:
+    """One mask per layer type present: FlexAttention block-sparse masks on GPU, dense bool tensors
+    otherwise."""
+    masks: dict = {}
+    for t in set(cfg.layer_types):
+        window = cfg.sliding_window if t == SLIDING else None
+        if use_flex:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            Q, KV = layout.num_queries, layout.num_ctx + layout.num_queries
+            masks[t] = create_block_mask(
+                mask_mod_for(layout, window), None, None, Q, KV, device=layout.anchor.device, _compile=True
+            )
+        else:
+            masks[t] = dense_mask(layout, window)
+    return masks

@@ -1,0 +1,414 @@
+"""Training a DFlash drafter on stored target hidden states.
+
+Read top to bottom: anchors -> packed batch -> chunked loss -> one training step -> data plan -> the loop
+(checkpoints, metrics, DDP) -> held-out evaluation -> throughput benchmark.
+
+Every sequence contributes up to `anchors_per_seq` blocks, all in one forward/backward: the block-sparse mask
+(drafter.mask_mod_for) lets each block see its sequence's context strictly before its anchor and nothing of
+the other blocks. Anchors are drawn per (seed, epoch, sample), so a resumed run sees exactly the batches it
+would have seen without the interruption.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import numpy as np
+import torch
+
+from draftsmith.core import gpu_pool
+from draftsmith.core.distributed import setup_device, wrap_ddp
+from draftsmith.core.io import atomic, write_json
+from draftsmith.core.runtime import resolve_dtype
+from draftsmith.dataset.merge import MergedDataset
+from draftsmith.drafter.batches import load_batch, plan_epoch, split_indices
+from draftsmith.drafter.config import DrafterConfig, config_from_target
+from draftsmith.drafter.evaluate import _summarise, plot_curves
+from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
+from draftsmith.drafter.model import Drafter, build_masks
+from draftsmith.drafter.zlab import save_zlab
+from draftsmith.target.files import load_target_head
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+
+def run(
+    module: str,
+    argv: list[str],
+    dataset: str,
+    target: str,
+    out: str,
+    drafter_section: dict,
+    train_section: dict,
+    preset_mask_token_id: int | None,
+) -> int:
+    """The step's body: takes `train.gpus` devices from the pool; with two or more, re-runs `module` under
+    torchrun on them (one process per GPU, rank 0 writes); inside torchrun, or with one device or none, trains
+    in place."""
+    gpus = int(train_section["gpus"])
+    if os.environ.get("DRAFTSMITH_DISTRIBUTED") == "1":
+        train(dataset, target, out, drafter_section, train_section, preset_mask_token_id)
+        return 0
+
+    with gpu_pool.acquire(gpus) as devices:
+        if len(devices) >= 2:
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={len(devices)}",
+                "-m",
+                module,
+                *argv,
+            ]
+            return subprocess.call(cmd, env=dict(os.environ, DRAFTSMITH_DISTRIBUTED="1"))
+        if gpus > 1:
+            print(f"train.gpus={gpus} but the pool gave {devices}: training in one process", file=sys.stderr)
+        train(dataset, target, out, drafter_section, train_section, preset_mask_token_id)
+    return 0
+
+
+def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
+    """Linear warm-up, then cosine to zero."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    found = sorted(ckpt_dir.glob("step_*.pt"))
+    return found[-1] if found else None
+
+
+def _save_checkpoint(
+    ckpt_dir: Path, step: int, model: Drafter, opt: torch.optim.Optimizer, keep: int = 2
+) -> None:
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    path = ckpt_dir / f"step_{step:08d}.pt"
+    with atomic(path) as tmp:
+        state = {
+            "step": step,
+            "model": model.state_dict(),
+            "opt": opt.state_dict(),
+            "cfg": model.cfg.to_json(),
+        }
+        torch.save(state, tmp)
+    for old in sorted(ckpt_dir.glob("step_*.pt"))[:-keep]:
+        old.unlink()
+
+
+def _metrics_columns(block_size: int) -> list[str]:
+    return ["step", "epoch", "lr", "loss", "grad_norm", "tokens", "elapsed_s"] + [
+        f"acc_{k}" for k in range(1, block_size)
+    ]
+
+
+def _reopen_metrics(path: Path, columns: list[str], resume_step: int):
+    """Keeps rows up to the resumed step (a killed run may have logged past its last checkpoint)."""
+    rows = []
+    if resume_step > 0 and path.exists():
+        with path.open() as f:
+            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+    f = path.open("w", newline="")
+    w = csv.DictWriter(f, fieldnames=columns)
+    w.writeheader()
+    w.writerows(rows)
+    f.flush()
+    return f, w
+
+
+@dataclass
+class TrainingRun:
+    """What the steps of one training run share: the process's place in the job, the data, the model, the
+    plan."""
+
+    rank: int
+    world: int
+    device: torch.device
+    dtype: torch.dtype
+    tcfg: dict
+    ds: MergedDataset
+    cfg: DrafterConfig
+    pos_w: torch.Tensor
+    embed: torch.Tensor
+    head: torch.Tensor
+    model: Drafter
+    opt: torch.optim.Optimizer
+    plan_args: tuple[np.ndarray, np.ndarray, int, int, int, int]  # plan_epoch's arguments before the epoch
+    held_idx: np.ndarray
+    steps_per_epoch: int
+    total: int
+    warmup: int
+
+
+def train(
+    dataset: str | Path,
+    target_dir: str | Path,
+    out_dir: str | Path,
+    drafter_section: dict,
+    train_section: dict,
+    preset_mask_token_id: int | None = None,
+    stop_after: int | None = None,
+) -> dict:
+    """Trains (or resumes) a drafter; writes final/, metrics.csv, curves.png, summary.json on rank 0.
+
+    `stop_after` ends the process-equivalent early after that step (tests use it to simulate a kill).
+    """
+    out = Path(out_dir)
+    ckpt_dir = out / "checkpoints"
+    run = _set_up(
+        dataset,
+        Path(target_dir),
+        drafter_section=drafter_section,
+        tcfg=train_section,
+        preset_mask_token_id=preset_mask_token_id,
+    )
+    step = _resume(ckpt_dir, run)
+    ddp = wrap_ddp(run.model, run.device) if run.world > 1 else run.model
+    metrics = None
+    if run.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        metrics = _reopen_metrics(out / "metrics.csv", _metrics_columns(run.cfg.block_size), step)
+    from tqdm import tqdm
+
+    bar = tqdm(total=run.total, initial=step, desc="train", disable=run.rank != 0, dynamic_ncols=True)
+    autocast = torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.dtype == torch.bfloat16)
+    t0, tokens_seen, plan_epoch_no, plan = time.time(), 0, -1, []
+    while step < run.total:
+        epoch = step // run.steps_per_epoch
+        if epoch != plan_epoch_no:
+            plan, plan_epoch_no = plan_epoch(*run.plan_args, epoch), epoch
+        idx = plan[(step % run.steps_per_epoch) * run.world + run.rank]
+        lr, stats, gnorm = _train_step(run, ddp, autocast=autocast, idx=idx, epoch=epoch, step=step)
+        step += 1
+        tokens_seen += int(stats[-1].item())
+        if metrics is not None:
+            _log_step(
+                metrics,
+                bar,
+                block_size=run.cfg.block_size,
+                step=step,
+                epoch=epoch,
+                lr=lr,
+                stats=stats,
+                gnorm=gnorm,
+                t0=t0,
+            )
+        bar.update(1)
+        if step % int(run.tcfg["checkpoint_every"]) == 0 or step == run.total:
+            _checkpoint(ckpt_dir, run, step=step)
+        if stop_after is not None and step >= stop_after:
+            break
+    bar.close()
+    elapsed = time.time() - t0
+    return _finish(out, run, metrics=metrics, step=step, tokens_seen=tokens_seen, elapsed=elapsed)
+
+
+def _set_up(
+    dataset: str | Path,
+    target_dir: Path,
+    *,
+    drafter_section: dict,
+    tcfg: dict,
+    preset_mask_token_id: int | None,
+) -> TrainingRun:
+    """Loads the dataset and the target's embedding and head, builds the drafter and plans the steps; raises
+    before any training when the dataset does not fit the target or makes no full step."""
+    rank, world, device = setup_device()
+    dtype = resolve_dtype(tcfg["dtype"], device)
+    ds = MergedDataset(dataset)
+    target_cfg = json.loads((target_dir / "config.json").read_text())
+    cfg = config_from_target(target_cfg, ds.taps, drafter_section, preset_mask_token_id, target_dir)
+    if ds.hidden_size != cfg.hidden_size:
+        raise ValueError(f"dataset hidden size {ds.hidden_size} != target hidden size {cfg.hidden_size}")
+    gamma = auto_gamma(cfg.block_size) if tcfg["gamma"] in (None, "auto") else float(tcfg["gamma"])
+    pos_w = position_weights(cfg.block_size, gamma)
+
+    embed, head = load_target_head(target_dir)
+    head_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    embed, head = embed.to(device, head_dtype), head.to(device, head_dtype)
+
+    model, opt = _seeded_model(cfg, tcfg, device=device)
+    train_idx, held_idx = split_indices(len(ds), tcfg["heldout_fraction"], tcfg["seed"])
+    plan_args = (
+        ds.lengths,
+        train_idx,
+        tcfg["token_budget"],
+        tcfg["anchors_per_seq"],
+        cfg.block_size,
+        tcfg["seed"],
+    )
+    batches = len(plan_epoch(*plan_args, 0))
+    steps_per_epoch, total, warmup = _schedule(batches, samples=len(train_idx), world=world, tcfg=tcfg)
+    return TrainingRun(
+        rank=rank,
+        world=world,
+        device=device,
+        dtype=dtype,
+        tcfg=tcfg,
+        ds=ds,
+        cfg=cfg,
+        pos_w=pos_w,
+        embed=embed,
+        head=head,
+        model=model,
+        opt=opt,
+        plan_args=plan_args,
+        held_idx=held_idx,
+        steps_per_epoch=steps_per_epoch,
+        total=total,
+        warmup=warmup,
+    )
+
+
+def _seeded_model(
+    cfg: DrafterConfig, tcfg: dict, *, device: torch.device
+) -> tuple[Drafter, torch.optim.Optimizer]:
+    """The drafter and its optimiser; seeded right before, so the initial weights depend on the seed alone."""
+    torch.manual_seed(tcfg["seed"])
+    model = Drafter(cfg).to(device)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=tcfg["lr"],
+        betas=(0.9, 0.95),
+        weight_decay=tcfg["weight_decay"],
+        fused=device.type == "cuda",
+    )
+    return model, opt
+
+
+def _schedule(batches: int, *, samples: int, world: int, tcfg: dict) -> tuple[int, int, int]:
+    """Steps per epoch (a step takes one batch per rank), the total (capped by max_steps) and the warm-up."""
+    steps_per_epoch = batches // world
+    if steps_per_epoch == 0:
+        raise ValueError(f"{samples} training samples make no full step on {world} ranks")
+    total = steps_per_epoch * int(tcfg["epochs"])
+    if tcfg["max_steps"]:
+        total = min(total, int(tcfg["max_steps"]))
+    warmup = max(1, int(round(tcfg["warmup_ratio"] * total)))
+    return steps_per_epoch, total, warmup
+
+
+def _resume(ckpt_dir: Path, run: TrainingRun) -> int:
+    """Loads the latest checkpoint into the model and optimiser (before DDP wraps the model); returns its
+    step."""
+    last = _latest_checkpoint(ckpt_dir)
+    if last is None:
+        return 0
+    state = torch.load(last, map_location=run.device, weights_only=True)
+    run.model.load_state_dict(state["model"])
+    run.opt.load_state_dict(state["opt"])
+    return int(state["step"])
+
+
+def _train_step(
+    run: TrainingRun, ddp: torch.nn.Module, *, autocast: torch.autocast, idx: list[int], epoch: int, step: int
+) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """One optimiser step; returns the learning rate, the gradient norm and the step's stats summed over ranks
+    (the loss averaged): [loss, correct per position, count per position, tokens]."""
+    cfg, device, opt = run.cfg, run.device, run.opt
+    batch = load_batch(run.ds, idx, epoch, run.tcfg, cfg).to(device, run.dtype)
+    masks = build_masks(batch.layout, cfg, device.type == "cuda")
+    lr = lr_at(step, run.total, run.warmup, run.tcfg["lr"])
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with autocast:
+        loss, correct, count = block_loss(ddp, run.embed, run.head, batch, masks, run.pos_w)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.tcfg["grad_clip"])
+    opt.step()
+    stats = torch.cat(
+        [loss.detach().float().view(1), correct, count, torch.tensor([batch.num_tokens], device=device)]
+    )
+    if run.world > 1:
+        torch.distributed.all_reduce(stats)
+        stats[0] /= run.world
+    return lr, stats, gnorm
+
+
+def _log_step(
+    metrics: tuple[TextIO, csv.DictWriter],
+    bar: tqdm,
+    *,
+    block_size: int,
+    step: int,
+    epoch: int,
+    lr: float,
+    stats: torch.Tensor,
+    gnorm: torch.Tensor,
+    t0: float,
+) -> None:
+    """Rank 0's metrics row for a step, flushed at once so that a killed run keeps it."""
+    mfile, mwriter = metrics
+    B = block_size
+    acc = (stats[1 : 1 + B] / stats[1 + B : 1 + 2 * B].clamp_min(1)).tolist()
+    row = {
+        "step": step,
+        "epoch": epoch,
+        "lr": lr,
+        "loss": float(stats[0]),
+        "grad_norm": float(gnorm),
+        "tokens": int(stats[-1].item()),
+        "elapsed_s": round(time.time() - t0, 3),
+    }
+    row.update({f"acc_{k}": acc[k] for k in range(1, B)})
+    mwriter.writerow(row)
+    mfile.flush()
+    bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{acc[1]:.3f}")
+
+
+def _checkpoint(ckpt_dir: Path, run: TrainingRun, *, step: int) -> None:
+    """Rank 0 saves; the others wait for it, so that no rank runs ahead of the checkpoint a resume starts
+    from."""
+    if run.rank == 0:
+        _save_checkpoint(ckpt_dir, step, run.model, run.opt)
+    if run.world > 1:
+        torch.distributed.barrier()
+
+
+def _finish(
+    out: Path,
+    run: TrainingRun,
+    *,
+    metrics: tuple[TextIO, csv.DictWriter] | None,
+    step: int,
+    tokens_seen: int,
+    elapsed: float,
+) -> dict:
+    """After the last step, rank 0 exports the drafter, evaluates it and writes the summary and curves; a run
+    stopped early (`stop_after`) leaves only its checkpoints and metrics."""
+    summary: dict = {}
+    if run.rank == 0:
+        assert metrics is not None  # rank 0 opened them
+        metrics[0].close()
+        if step >= run.total:
+            save_zlab(run.model, out / "final", torch.float32)
+            summary = _summarise(out, run)
+            summary["tokens_per_s"] = tokens_seen / max(elapsed, 1e-9)
+            summary["steps"] = step
+            summary["world_size"] = run.world
+            write_json(out / "summary.json", summary)
+            plot_curves(out / "metrics.csv", out / "curves.png")
+    if run.world > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return summary
+
+
+def clear_run(out_dir: str | Path) -> None:
+    """Removes a previous run's checkpoints (a fresh start instead of a resume)."""
+    shutil.rmtree(Path(out_dir) / "checkpoints", ignore_errors=True)

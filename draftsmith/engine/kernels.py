@@ -1,0 +1,397 @@
+"""Two fused Triton kernels for the one-token decode step of Gated DeltaNet layers, writing their states in
+place.
+
+Under a CUDA graph the slot cache's states must keep their addresses. fla's recurrent kernel writes the new
+recurrent state to a fresh tensor, so the graph path had to copy it back: for Qwen3.6-27B a 151 MB fp32 state
+per slot, read and written once more every step (13 ms of a 57 ms step at 128 slots). Transformers' one-token
+convolution update without the `causal_conv1d` package is a concatenation, a copy, a grouped `conv1d`, an
+activation and a cast. Both become one kernel each that reads a state once and writes it back where it was.
+
+`fused_decode(mixer_module(model))` swaps them in for Transformers' functions of that model's family while a
+decode step runs (eager or captured), on CUDA with Triton; anything else (prefill, several tokens, the CPU)
+goes to the original. The attention kernel is called by the engine's own attention function
+(attention.decode_attention). The kernels' Triton sources are in engine/triton_kernels.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import torch
+
+from draftsmith.engine.triton_kernels import _kernels
+
+# the module-level names the Gated DeltaNet mixers of Qwen3.5/3.6 and Qwen3-Next call in their decode branch
+_RECURRENT, _CONV = "torch_recurrent_gated_delta_rule", "causal_conv1d_update"
+
+
+def available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gdn_step_(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    l2norm: bool = True,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """One token of the gated delta rule for every slot; `state` [B, HV, K, V] fp32 is updated in place.
+
+    query/key [B, 1, H, K] (H divides HV), value [B, 1, HV, V], g (log decay) and beta [B, 1, HV]; returns the
+    output [B, 1, HV, V] in value's dtype.
+    """
+    b, _, h, kd = key.shape
+    hv, vd = value.shape[2], value.shape[3]
+    query, key, value = (x if x.stride(-1) == 1 else x.contiguous() for x in (query, key, value))
+    out = value.new_empty((b, 1, hv, vd))
+    bk, bv = triton_next_pow2(kd), 8
+    gdn_step, _, _ = _kernels()
+    gdn_step[(b * hv * -(-vd // bv),)](
+        query,
+        key,
+        value,
+        g,
+        beta,
+        state,
+        out,
+        query.stride(0),
+        query.stride(2),
+        key.stride(0),
+        key.stride(2),
+        value.stride(0),
+        value.stride(2),
+        g.stride(0),
+        beta.stride(0),
+        kd**-0.5 if scale is None else scale,
+        HV=hv,
+        GROUP=hv // h,
+        K=kd,
+        V=vd,
+        BK=bk,
+        BV=bv,
+        L2NORM=l2norm,
+        num_warps=1,
+    )
+    return out
+
+
+def conv_step_(
+    x: torch.Tensor,
+    state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    """One token of the depthwise causal convolution; `state` [B, C, S] shifts left in place and takes the
+    input.
+
+    x [B, C, 1]; weight [C, KW] with KW <= S + 1; returns [B, C, 1] in x's dtype (a view of a [B, 1, C]
+    tensor, the layout the mixer transposes it back to).
+    """
+    b, c, _ = x.shape
+    kw = weight.shape[-1]
+    out = x.new_empty((b, 1, c))
+    bc = 256
+    _, conv_step, _ = _kernels()
+    conv_step[(b, -(-c // bc))](
+        x,
+        state,
+        weight.contiguous(),
+        bias if bias is not None else weight,
+        out,
+        x.stride(0),
+        x.stride(1),
+        state.stride(0),
+        state.stride(1),
+        c,
+        S=state.shape[-1],
+        KW=kw,
+        BC=bc,
+        HAS_BIAS=bias is not None,
+        SILU=activation in ("silu", "swish"),
+        num_warps=4,
+    )
+    return out.transpose(1, 2)
+
+
+def attention_(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pos: torch.Tensor,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """One new token per slot against keys/values [B, HKV, L, D] up to position `pos[b]` (inclusive) of each
+    slot, and (window > 0) only the last `window` of them, as Transformers' sliding mask has it: only the keys
+    a slot sees are read, and each once for all query heads of its group. query [B, HQ, 1, D]; returns [B, 1,
+    HQ, D]."""
+    b, hq, _, d = query.shape
+    hkv = key.shape[1]
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    out = query.new_empty((b, 1, hq, d))
+    group = hq // hkv
+    _, _, attend = _kernels()
+    attend[(b * hkv,)](
+        query,
+        key,
+        value,
+        pos,
+        out,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        key.stride(2),
+        value.stride(0),
+        value.stride(1),
+        value.stride(2),
+        out.stride(0),
+        out.stride(2),
+        scale,
+        window if window > 0 else key.shape[2] + 1,
+        HKV=hkv,
+        GROUP=group,
+        GP=max(16, triton_next_pow2(group)),
+        D=d,
+        BN=64 if d <= 128 else 32,
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )  # fp32 models: no tf32 rounding
+    return out
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _fused_recurrent(original):
+    def recurrent(
+        query,
+        key,
+        value,
+        g,
+        beta,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=None,
+        **kwargs,
+    ):
+        ok = (
+            query.is_cuda
+            and initial_state is not None
+            and output_final_state
+            and query.shape[1] == 1
+            and cu_seqlens is None
+            and not kwargs.get("scale")
+            and initial_state.dtype == torch.float32
+            and initial_state.is_contiguous()
+            and value.shape[2] % key.shape[2] == 0
+        )
+        if not ok:
+            return original(
+                query,
+                key,
+                value,
+                g=g,
+                beta=beta,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                cu_seqlens=cu_seqlens,
+                **kwargs,
+            )
+        return gdn_step_(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel), initial_state
+
+    return recurrent
+
+
+def _fused_conv(original):
+    def conv(hidden_states, conv_state, weight, bias=None, activation=None):
+        ok = (
+            hidden_states.is_cuda
+            and hidden_states.shape[-1] == 1
+            and activation in (None, "silu", "swish")
+            and weight.shape[-1] <= conv_state.shape[-1] + 1
+            and conv_state.stride(-1) == 1
+        )
+        if not ok:
+            return original(hidden_states, conv_state, weight, bias, activation)
+        return conv_step_(hidden_states, conv_state, weight, bias, activation)
+
+    return conv
+
+
+@contextlib.contextmanager
+def fused_decode(module):
+    """While active, the one-token Gated DeltaNet calls of `module` (see mixer_module; None: nothing to swap)
+    run on the in-place kernels above."""
+    names = [n for n in (_RECURRENT, _CONV) if module is not None and callable(getattr(module, n, None))]
+    saved = {n: getattr(module, n) for n in names}
+    wrap = {_RECURRENT: _fused_recurrent, _CONV: _fused_conv}
+    try:
+        for n in names:
+            setattr(module, n, wrap[n](saved[n]))
+        yield bool(names)
+    finally:
+        for n in names:
+            setattr(module, n, saved[n])
+
+
+def reference_attention(query, key, value, pos, scale, window: int = 0) -> torch.Tensor:
+    """attention_ in fp32 torch: [B, 1, HQ, D]."""
+    group = query.shape[1] // key.shape[1]
+    k, v = (x.float().repeat_interleave(group, 1) for x in (key, value))
+    scores = (query.float() @ k.transpose(-1, -2)) * scale
+    cols = torch.arange(key.shape[2], device=key.device)
+    hidden = cols[None, :] > pos[:, None]
+    if window > 0:
+        hidden |= cols[None, :] <= (pos - window)[:, None]
+    scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2)
+
+
+def self_check(
+    device: torch.device, module_name: str = "transformers.models.qwen3_5.modeling_qwen3_5"
+) -> dict:
+    """Largest differences of both kernels from the functions they replace (fla's or Transformers' own), on
+    random inputs shaped like a decode step with grouped heads and strided inputs; states compared after the
+    step."""
+    module = importlib.import_module(module_name)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    b, h, hv, kd, vd = 5, 2, 6, 128, 128
+    mixed = rnd(
+        b, 1, 2 * h * kd + hv * vd
+    )  # one projection split into q, k, v: strided views, as in the mixer
+    q, k, v = (
+        x.reshape(b, 1, -1, d) for x, d in zip(mixed.split([h * kd, h * kd, hv * vd], -1), (kd, kd, vd))
+    )
+    g = -torch.rand(b, 1, hv, generator=gen, device=device)
+    beta = torch.rand(b, 1, hv, generator=gen, device=device).to(torch.bfloat16)
+    state = rnd(b, hv, kd, vd, dtype=torch.float32)
+    rep = hv // h
+    want_o, want_s = getattr(module, _RECURRENT)(
+        q.repeat_interleave(rep, 2),
+        k.repeat_interleave(rep, 2),
+        v,
+        g=g,
+        beta=beta,
+        initial_state=state.clone(),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    mine = state.clone()
+    got_o = gdn_step_(q, k, v, g, beta, mine)
+
+    c, s, kw = 1000, 4, 4
+    x = rnd(b, 1, c).transpose(1, 2)
+    conv_state, weight, bias = rnd(b, c, s), rnd(c, kw), rnd(c)
+    ref_state = conv_state.clone()
+    want_c = getattr(module, _CONV)(x, ref_state, weight, bias, "silu")
+    got_c = conv_step_(x, conv_state, weight, bias, "silu")
+    hq, hkv, length, d = 24, 4, 300, 256  # Qwen3.6's grouping and head size; slots at different positions
+    qa = rnd(b, hq, 1, d)
+    keys, values = rnd(b, hkv, length, d), rnd(b, hkv, length, d)
+    pos = torch.tensor([0, 63, 64, 200, length - 1], device=device)[:b]
+    got_a = attention_(qa, keys, values, pos, d**-0.5)
+    got_w = attention_(
+        qa, keys, values, pos, d**-0.5, window=100
+    )  # a sliding layer: slots inside and past it
+    want_w = reference_attention(qa, keys, values, pos, d**-0.5, window=100)
+    return {
+        "attention": (got_a.float() - reference_attention(qa, keys, values, pos, d**-0.5)).abs().max().item(),
+        "attention_window": (got_w.float() - want_w).abs().max().item(),
+        "recurrent_out": (got_o.float() - want_o.float()).abs().max().item(),
+        "recurrent_state": (mine - want_s.float()).abs().max().item(),
+        "conv_out": (got_c.float() - want_c.float()).abs().max().item(),
+        "conv_state": (conv_state.float() - ref_state.float()).abs().max().item(),
+    }
+
+
+def time_kernels(
+    device: torch.device,
+    slots: int,
+    heads: int = 16,
+    value_heads: int = 48,
+    dim: int = 128,
+    kernel: int = 4,
+    repeats: int = 20,
+    module_name: str = "transformers.models.qwen3_5.modeling_qwen3_5",
+) -> dict:
+    """Milliseconds per call of each kernel and of what it replaces (the recurrence then a copy back into the
+    state, as the CUDA-graph path needs), for one layer at `slots` slots; the default shape is
+    Qwen3.6-27B's."""
+    module = importlib.import_module(module_name)
+    q = torch.randn(slots, 1, value_heads, dim, device=device, dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    g = -torch.rand(slots, 1, value_heads, device=device)
+    beta = torch.rand(slots, 1, value_heads, device=device).to(torch.bfloat16)
+    state = torch.randn(slots, value_heads, dim, dim, device=device)
+    channels = 2 * heads * dim + value_heads * dim
+    x = torch.randn(slots, 1, channels, device=device, dtype=torch.bfloat16).transpose(1, 2)
+    conv_state = torch.randn(slots, channels, kernel, device=device, dtype=torch.bfloat16)
+    weight = torch.randn(channels, kernel, device=device, dtype=torch.bfloat16)
+
+    def original_recurrent():
+        _, new = getattr(module, _RECURRENT)(
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            initial_state=state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        state.copy_(new)
+
+    hq, hkv, length, d = 24, 4, 1537, 256  # attention at 1k tokens into a cache with room for 1.5k
+    qa = torch.randn(slots, hq, 1, d, device=device, dtype=torch.bfloat16)
+    keys = torch.randn(slots, hkv, length, d, device=device, dtype=torch.bfloat16)
+    values = torch.randn_like(keys)
+    pos = torch.full((slots,), 1024, device=device)
+    mask = (torch.arange(length, device=device)[None, :] <= pos[:, None])[:, None, None, :]
+
+    def grouped_torch_attention():  # what the engine did before: every cached position, masked
+        qg = qa.reshape(slots, hkv, hq // hkv, d)
+        scores = torch.matmul(qg, keys.transpose(-1, -2)).float().masked_fill(~mask, float("-inf"))
+        torch.matmul(torch.softmax(scores, -1).to(values.dtype), values)
+
+    calls = {
+        "attention_torch_whole_cache": grouped_torch_attention,
+        "attention_kernel": lambda: attention_(qa, keys, values, pos, d**-0.5),
+        "recurrent_original_and_copy": original_recurrent,
+        "recurrent_in_place": lambda: gdn_step_(q, k, v, g, beta, state),
+        "conv_original": lambda: getattr(module, _CONV)(x, conv_state, weight, None, "silu"),
+        "conv_in_place": lambda: conv_step_(x, conv_state, weight, None, "silu"),
+    }
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        end.synchronize()
+        out[name] = start.elapsed_time(end) / repeats
+    out["state_gb_per_s_in_place"] = 2 * state.nbytes / out["recurrent_in_place"] / 1e6
+    return out

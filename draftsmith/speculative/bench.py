@@ -1,0 +1,332 @@
+"""The bench rule's work on one prompt: the methods, the losslessness check, resuming a part."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from draftsmith.config import content_hash
+from draftsmith.core import faults
+from draftsmith.core.gpu_pool import acquire
+from draftsmith.core.io import tmp_path, write_jsonl
+from draftsmith.dataset.prepare import iter_records, render
+from draftsmith.speculative.loop import is_hybrid, speculative_generate
+from draftsmith.speculative.proposers import Proposer, ShorterBlock, load_block_drafter
+from draftsmith.speculative.replay import ar_generate, replay, target_hidden, tau
+from draftsmith.target.load import eos_ids_of, load_configured_target
+
+HYBRID_DDTREE_NOTE = (
+    "no wall-clock: hybrid target (Gated DeltaNet layers run a recurrence along the sequence, so a tree "
+    "cannot be verified in one forward with an ancestor mask); tau from exact replay"
+)
+
+
+def bench_prompt(
+    target: nn.Module,
+    drafter: Proposer,
+    prompt_ids: Sequence[int],
+    taps: list[int],
+    bench: dict,
+    stop_ids: Sequence[int] = (),
+    seed: int = 0,
+) -> list[dict]:
+    """One record per method (and DDTree budget) for one prompt; `bench` is the config's bench section."""
+    methods = bench["methods"]
+    max_new = int(bench["max_new_tokens"])
+    temperature = float(bench["temperature"])
+    real = bool(bench["real_loop"]) and temperature <= 0
+    block = drafter.block_size
+    hybrid = is_hybrid(target)
+    greedy = ar_generate(target, prompt_ids, max_new, stop_ids)
+    if temperature > 0:
+        gen = torch.Generator().manual_seed(seed)
+        continuation = ar_generate(target, prompt_ids, max_new, stop_ids, temperature, gen).tokens
+    else:
+        continuation = greedy.tokens
+    tokens = list(prompt_ids) + continuation
+    hidden = target_hidden(target, tokens, taps)
+    base: dict[str, Any] = {
+        "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(continuation),
+        "block_size": block,
+        "temperature": temperature,
+        "hybrid": hybrid,
+        "ar_seconds": greedy.seconds,
+        "ar_tokens": len(greedy.tokens),
+    }
+    records: list[dict[str, Any]] = []
+    if "ar" in methods:
+        records.append(
+            {
+                **base,
+                "method": "ar",
+                "budget": None,
+                "committed": [1] * len(greedy.tokens),
+                "seconds": greedy.seconds,
+                "out_tokens": len(greedy.tokens),
+                "lossless": True,
+            }
+        )
+    runs: list[tuple[str, int | None]] = []
+    if "dflash" in methods:
+        runs.append(("dflash", None))
+    if "ddtree" in methods:
+        runs += [("ddtree", int(b)) for b in bench["ddtree_budgets"]]
+    for method, budget in runs:
+        rec: dict[str, Any] = {**base, "method": method, "budget": budget}
+        rec["committed"] = replay(drafter, tokens, hidden, len(prompt_ids), budget)
+        rec["tau"] = tau(rec["committed"])
+        rec.update(seconds=None, out_tokens=None, lossless=None, split=None, real_committed=None, note=None)
+        if real and hybrid and budget is not None:
+            rec["note"] = HYBRID_DDTREE_NOTE
+        elif real:
+            out, committed = speculative_generate(
+                target, drafter, prompt_ids, max_new, taps, budget, stop_ids, timing=True
+            )
+            rec.update(
+                seconds=out.seconds, out_tokens=len(out.tokens), split=out.split, real_committed=committed
+            )
+            rec["exact"] = out.tokens == greedy.tokens
+            rec["divergence"] = (
+                None if rec["exact"] else divergence(target, prompt_ids, greedy.tokens, out.tokens)
+            )
+            rec["lossless"] = rec["exact"] or rec["divergence"]["tie"]
+        records.append(rec)
+    return records
+
+
+@torch.inference_mode()
+def divergence(target: nn.Module, prompt_ids: Sequence[int], greedy: list[int], spec: list[int]) -> dict:
+    """Where the speculative output first leaves greedy decoding, and whether that was a numerical tie.
+
+    In bf16 a block verification and a one-token decode round differently, so two tokens whose logits differ
+    by less than the rounding of the logits can swap. That is a tie of the arithmetic, not a bug of the loop;
+    a margin above the rounding is a real loss and is reported as one.
+    """
+    i = next((k for k, (a, b) in enumerate(zip(greedy, spec)) if a != b), min(len(greedy), len(spec)))
+    if i >= min(len(greedy), len(spec)):
+        return {"index": i, "margin": None, "tolerance": None, "tie": False}  # one stopped early: a real loss
+    device = next(target.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + greedy[:i]], device=device)
+    logits = target(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+    margin = float(logits[greedy[i]] - logits[spec[i]])
+    tol = float(4 * torch.finfo(next(target.parameters()).dtype).eps * logits.abs().max())
+    return {"index": i, "margin": margin, "tolerance": tol, "tie": abs(margin) <= tol}
+
+
+def prompt_ids_of(record: dict, tokenizer, thinking: bool) -> list[int]:
+    """A chat record (trailing assistant turns dropped) through the chat template, or a plain `prompt`
+    string."""
+
+    if record.get("messages") is not None:
+        msgs = list(
+            record["messages"].tolist() if hasattr(record["messages"], "tolist") else record["messages"]
+        )
+        msgs = [{"role": m["role"], "content": m["content"]} for m in msgs]
+        while msgs and msgs[-1]["role"] == "assistant":
+            msgs.pop()
+    else:
+        msgs = [{"role": "user", "content": record["prompt"]}]
+    if tokenizer.chat_template is None:
+        return tokenizer(render(tokenizer, msgs, thinking), add_special_tokens=True)["input_ids"]
+    text = render(tokenizer, msgs, thinking, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def drafter_taps(drafter_dir: str) -> list[int]:
+    cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
+    return [int(t) for t in cfg["dflash_config"]["target_layer_ids"]]
+
+
+def _bench_key(
+    target_dir: str,
+    drafter_dir: str,
+    *,
+    prompts_path: str,
+    part: int,
+    parts: int,
+    bench: dict,
+    taps: list[int] | None,
+    dataset: str,
+    target_cfg: dict,
+) -> str:
+    """What a partial benchmark file must have been made with to be resumed (a retrained drafter starts
+    afresh)."""
+
+    def stamp(p: Path) -> tuple:
+        st = p.stat() if p.exists() else None
+        return (str(p), st.st_size, st.st_mtime_ns) if st else (str(p),)
+
+    d = Path(drafter_dir)
+    return content_hash(
+        target_dir,
+        stamp(d / "config.json"),
+        stamp(d / "model.safetensors"),
+        stamp(Path(prompts_path)),
+        part,
+        parts,
+        bench,
+        taps,
+        dataset,
+        target_cfg,
+    )
+
+
+def read_partial(path, key: str) -> dict[int, list[dict]]:
+    """Finished prompts of a killed run: index -> records. A torn last line (killed mid-write) is dropped."""
+    done: dict[int, list[dict]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return done
+    if not lines or lines[0] != json.dumps({"key": key}):
+        return done  # made with another drafter, config or prompt file: start afresh
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        done[int(row["index"])] = row["records"]
+    return done
+
+
+def run_bench(
+    target_dir: str,
+    drafter_dir: str,
+    *,
+    prompts_path: str,
+    part: int,
+    parts: int,
+    out_path: str,
+    bench: dict,
+    taps: list[int] | None = None,
+    dataset: str | None = None,
+    gpus: int = 1,
+    target_cfg: dict | None = None,
+) -> int:
+    """Benchmarks prompts part::parts of a prompt file on one model copy (`gpus` devices from the pool);
+    writes one JSON line per record.
+
+    Each finished prompt is appended (and fsynced) to `<out>.partial`, so a killed job's rerun skips the
+    prompts it already did; the output appears, complete, by rename at the end.
+    """
+    from tqdm import tqdm
+
+    dataset = dataset or Path(prompts_path).stem
+    mine = _my_prompts(prompts_path, bench, part=part, parts=parts)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = tmp_path(out)
+    target_cfg = target_cfg or {}
+    key = _bench_key(
+        target_dir,
+        drafter_dir,
+        prompts_path=prompts_path,
+        part=part,
+        parts=parts,
+        bench=bench,
+        taps=taps,
+        dataset=dataset,
+        target_cfg=target_cfg,
+    )
+    done = _resume_partial(partial, key, count=len(mine))
+    todo = [i for i in range(len(mine)) if i not in done]
+    with acquire(gpus if todo else 0) as devices, partial.open("a") as log_f:
+        if todo:
+            models = _load_models(
+                target_dir, drafter_dir, devices=devices, target_cfg=target_cfg, bench=bench
+            )
+            tap_ids = taps or drafter_taps(drafter_dir)
+            thinking = bool(bench["thinking"])
+            for w in range(int(bench["warmup"])):  # compile kernels, warm allocators
+                ids = prompt_ids_of(mine[todo[0]], models.tokenizer, thinking)
+                _bench_with(models, ids, taps=tap_ids, bench=bench, seed=w)
+        for n, i in enumerate(tqdm(todo, desc=f"bench {dataset} part {part}", unit="prompt"), 1):
+            rec = mine[i]
+            ids = prompt_ids_of(rec, models.tokenizer, thinking)
+            rows = [
+                {"dataset": dataset, "id": str(rec.get("id", part + i * parts)), **r}
+                for r in _bench_with(models, ids, taps=tap_ids, bench=bench, seed=part + i * parts)
+            ]
+            done[i] = rows
+            _append_done(log_f, i, rows)
+            faults.pause(f"bench:{n}")  # a drill: killed here, the rerun starts at the next prompt
+    rows = [r for i in sorted(done) for r in done[i]]
+    write_jsonl(out, rows, tmp=out.with_name(out.name + ".tmp"))  # tmp_path(out) holds the progress
+    partial.unlink()
+    return len(rows)
+
+
+@dataclass
+class _Models:
+    """A loaded target and drafter, with what benchmarking a prompt on them needs."""
+
+    target: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    drafter: Proposer
+    stop_ids: list[int]
+
+
+def _my_prompts(prompts_path: str, bench: dict, *, part: int, parts: int) -> list[dict]:
+    """This part's share of the prompt file (every `parts`-th readable record, after the max_prompts cut)."""
+    records = [rec for _, _, rec in iter_records(prompts_path) if not isinstance(rec, Exception)]
+    if bench["max_prompts"]:
+        records = records[: int(bench["max_prompts"])]
+    return records[part::parts]
+
+
+def _resume_partial(partial: Path, key: str, *, count: int) -> dict[int, list[dict]]:
+    """The finished prompts that a killed run with the same key left, with the partial file rewritten to hold
+    only them (a torn last line would otherwise sit before the next appended one)."""
+    done = {i: r for i, r in read_partial(partial, key).items() if i < count}
+    if done:
+        logging.getLogger(__name__).info(
+            "resuming: %d of %d prompts already benchmarked in %s", len(done), count, partial
+        )
+    write_jsonl(partial, [{"key": key}] + [{"index": i, "records": r} for i, r in sorted(done.items())])
+    return done
+
+
+def _load_models(
+    target_dir: str, drafter_dir: str, *, devices: list, target_cfg: dict, bench: dict
+) -> _Models:
+    """The target on the pool's devices and the drafter beside it, cut to bench.block_size when that is
+    set."""
+    target, tokenizer, device = load_configured_target(target_dir, devices, target_cfg)
+    drafter: Proposer = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
+    if bench["block_size"]:
+        drafter = ShorterBlock(drafter, int(bench["block_size"]))
+    return _Models(
+        target=target, tokenizer=tokenizer, drafter=drafter, stop_ids=eos_ids_of(target, tokenizer)
+    )
+
+
+def _bench_with(
+    models: _Models, prompt_ids: list[int], *, taps: list[int], bench: dict, seed: int
+) -> list[dict]:
+    """`bench_prompt` on the loaded models: the warm-up and the measured prompts make the same call."""
+    return bench_prompt(
+        models.target,
+        models.drafter,
+        prompt_ids=prompt_ids,
+        taps=taps,
+        bench=bench,
+        stop_ids=models.stop_ids,
+        seed=seed,
+    )
+
+
+def _append_done(log_f: TextIO, index: int, rows: list[dict]) -> None:
+    """One finished prompt onto the partial file, on disk before the next prompt starts."""
+    log_f.write(json.dumps({"index": index, "records": rows}) + "\n")
+    log_f.flush()
+    os.fsync(log_f.fileno())

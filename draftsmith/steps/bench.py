@@ -1,0 +1,49 @@
+"""Benchmark a drafter against its target on one part of a prompt set (see
+draftsmith.speculative.bench.run_bench)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from draftsmith.config import section_arg
+from draftsmith.core.runtime import set_threads, setup_logging
+from draftsmith.speculative.bench import run_bench
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--target", required=True, help="target model directory")
+    ap.add_argument("--drafter", required=True, help="exported drafter directory (z-lab format)")
+    ap.add_argument("--prompts", required=True, help="prompt records, .jsonl or .parquet")
+    ap.add_argument("--dataset", default=None, help="name in the report (default: the prompt file's stem)")
+    ap.add_argument("--part", type=int, default=0)
+    ap.add_argument("--parts", type=int, default=1)
+    ap.add_argument("--out", required=True, help="records, JSON lines")
+    ap.add_argument("--bench-json", default="{}", help="the config's bench section as JSON")
+    ap.add_argument("--taps-json", default=None, help="tap layer ids as JSON (default: the drafter's config)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs per model copy (the probe's decision)")
+    ap.add_argument("--target-json", default="{}", help="the config's target section (dtype, revision, ...)")
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args(argv)
+    setup_logging()
+    set_threads(a.threads)
+    taps = json.loads(a.taps_json) if a.taps_json else None
+    n = run_bench(
+        a.target,
+        a.drafter,
+        prompts_path=a.prompts,
+        part=a.part,
+        parts=a.parts,
+        out_path=a.out,
+        bench=section_arg(a.bench_json, "bench"),
+        taps=taps,
+        dataset=a.dataset,
+        gpus=a.gpus,
+        target_cfg=section_arg(a.target_json, "target"),
+    )
+    print(f"{n} records -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()

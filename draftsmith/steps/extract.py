@@ -1,0 +1,124 @@
+"""Extract one shard: take devices from the GPU pool, load the target once, (regenerate,) write tap states."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from draftsmith.config import resolve_taps, section_arg
+from draftsmith.core.gpu_pool import acquire
+from draftsmith.core.io import read_json, read_samples, write_json
+from draftsmith.core.runtime import set_threads, setup_logging
+from draftsmith.dataset.extract import extract_samples
+from draftsmith.dataset.plan import check_disk_space, planned_tokens
+from draftsmith.dataset.regenerate import regenerate_shard
+from draftsmith.dataset.shards import shard_manifest
+from draftsmith.engine.memory import NoRoomForAnswers
+from draftsmith.target.kernels import report_kernels
+from draftsmith.target.load import load_configured_target
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--target", required=True)
+    p.add_argument("--shard", required=True, help="prepared shard (parquet)")
+    p.add_argument("--probe", required=True)
+    p.add_argument("--target-json", required=True)
+    p.add_argument("--data-json", required=True)
+    p.add_argument("--taps-json", required=True)
+    p.add_argument("--extract-json", required=True)
+    p.add_argument("--budget-div", type=int, default=1, help="Snakemake's retry halves the token budget")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", required=True, help="shard .safetensors")
+    p.add_argument("--manifest", required=True, help="shard manifest .json")
+    return p.parse_args(argv)
+
+
+def stop(msg: str) -> None:
+    logging.error("%s", msg)
+    sys.exit(msg)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging()
+    set_threads(args.threads)
+    tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
+    tapcfg, ecfg = section_arg(args.taps_json, "taps"), section_arg(args.extract_json, "extract")
+    out, plan, samples = Path(args.out), read_json(args.probe), read_samples(args.shard)
+    try:  # before any GPU work: a full disk is a message now, not a crash hours in
+        need = check_disk_space(
+            out,
+            planned_tokens(samples, dcfg["regenerate"], int(dcfg["max_length"])),
+            len(samples),
+            len(plan["target"]["taps"]),
+            int(plan["target"]["hidden_size"]),
+            ecfg["storage"],
+        )
+    except OSError as e:
+        stop(f"extract: {e}")
+    logging.info("disk: the shard needs about %.3f GB", need / 1e9)
+
+    with acquire(plan["gpus_per_copy"]) as devices:
+        model, tok, _ = load_configured_target(args.target, devices, tcfg)
+        kernels = report_kernels(model)
+        taps = resolve_taps(model.config.get_text_config().num_hidden_layers, tapcfg)
+        regen_stats = None
+        if dcfg["regenerate"]["enabled"]:
+            # a retry after running out of memory also halves the slots
+            slots = max(1, int(dcfg["regenerate"]["batch_size"]) // max(1, args.budget_div))
+            try:
+                samples, regen_stats = regenerate_shard(
+                    model, tok, samples, shard_out=out, target=tcfg, data=dcfg, slots=slots
+                )
+            except torch.OutOfMemoryError as e:
+                stop(
+                    f"regeneration: out of memory with {slots} slots ({e}). Snakemake retries the job once "
+                    f"with half the slots; if that fails too, set data.regenerate.batch_size below {slots}"
+                )
+            except (NoRoomForAnswers, NotImplementedError) as e:
+                stop(f"regeneration: {e}")
+
+        budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))
+        logging.info(
+            "shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s",
+            args.shard,
+            len(samples),
+            int(samples["num_tokens"].sum()),
+            taps,
+            budget,
+            devices or "cpu",
+        )
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        try:
+            checksum, stats = extract_samples(model, samples, taps, out, budget, ecfg["storage"], pad)
+        except torch.OutOfMemoryError as e:
+            stop(
+                f"extract: out of memory at token budget {budget} ({e}); the partial shard was removed. "
+                "Snakemake retries the job once with half the budget; if that fails too, set "
+                f"extract.token_budget below {budget}"
+            )
+
+    manifest = shard_manifest(
+        out,
+        samples,
+        model=model,
+        model_path=args.target,
+        target=tcfg,
+        data=dcfg,
+        taps=taps,
+        storage=ecfg["storage"],
+        checksum=checksum,
+        stats=stats,
+        regen_stats=regen_stats,
+        kernels=kernels,
+    )
+    write_json(args.manifest, manifest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Read the user's data, render the chat template, build loss masks, truncate; one row per sample."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from transformers import AutoTokenizer
+
+from draftsmith.config import section_arg
+from draftsmith.core.io import write_json, write_parquet
+from draftsmith.core.runtime import setup_logging
+from draftsmith.dataset.prepare import BadRecord, mask_token_uses, prepare
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--target", required=True, help="model directory or hub id (for its tokenizer)")
+    p.add_argument("--revision", default=None)
+    p.add_argument("--data", required=True, help="JSONL/Parquet path or a `datasets` name")
+    p.add_argument("--data-json", required=True, help="the config's `data` section")
+    p.add_argument("--out", required=True, help="samples.parquet")
+    p.add_argument("--stats", required=True, help="stats.json")
+    p.add_argument(
+        "--mask-token-id", type=int, default=None, help="the configured drafter mask token, if any"
+    )
+    p.add_argument(
+        "--mask-key", default="target.mask_token_id", help="the config key it comes from (for the message)"
+    )
+    args = p.parse_args(argv)
+    setup_logging()
+    cfg = section_arg(args.data_json, "data")
+    tok = AutoTokenizer.from_pretrained(args.target, revision=args.revision)
+    try:
+        samples, stats = prepare(
+            args.data,
+            tok,
+            int(cfg["max_length"]),
+            bool(cfg["thinking"]),
+            cfg["on_bad_record"],
+            cfg["max_samples"],
+            cfg["split"],
+        )
+    except BadRecord as e:
+        raise SystemExit(f"prepare: bad input: {e}") from None
+    logging.info(
+        "prepared %d samples (%d tokens, %d truncated to data.max_length, %d skipped)",
+        stats.samples,
+        stats.tokens,
+        stats.truncated,
+        stats.skipped,
+    )
+    if stats.skipped:
+        logging.warning(
+            "skipped %d of %d records (data.on_bad_record: skip): %s",
+            stats.skipped,
+            stats.records,
+            ", ".join(f"{k}: {v}" for k, v in sorted(stats.problems.items())),
+        )
+    if args.mask_token_id is not None:
+        uses, first = mask_token_uses(samples, args.mask_token_id)
+        if uses:
+            raise SystemExit(
+                f"prepare: {args.mask_key} = {args.mask_token_id} is a token the data uses "
+                f"({tok.convert_ids_to_tokens(args.mask_token_id)!r}, {uses} times, first in sample "
+                f"{first}); the drafter's mask token must be an id real text never produces. Set it to an "
+                "unused id of this tokenizer, or to null (target) / auto (drafter) to pick a free row of the "
+                "padded vocabulary"
+            )
+    write_parquet(samples, args.out)
+    write_json(args.stats, vars(stats))
+
+
+if __name__ == "__main__":
+    main()

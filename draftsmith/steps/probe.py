@@ -1,0 +1,64 @@
+"""Probe GPUs and the target's size; decide GPUs per model copy, slots and the token budget."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from draftsmith.config import problems_message, resolve_taps, section_arg, target_problems
+from draftsmith.core.io import write_json
+from draftsmith.core.runtime import json_arg, setup_logging
+from draftsmith.target.files import text_config
+from draftsmith.target.placement import activation_bytes_per_token, decide, gpu_info, target_bytes
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--target", required=True, help="model directory or hub id")
+    p.add_argument("--revision", default=None)
+    p.add_argument("--extract-json", required=True, help="the config's `extract` section")
+    p.add_argument("--taps-json", required=True, help="the config's `taps` section")
+    p.add_argument("--max-length", type=int, required=True)
+    p.add_argument(
+        "--preflight-json", default=None, help="target, taps and drafter.mask_token_id, checked here"
+    )
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    setup_logging()
+    ext, taps_cfg = section_arg(args.extract_json, "extract"), section_arg(args.taps_json, "taps")
+    try:
+        cfg = text_config(args.target, args.revision)
+    except FileNotFoundError as e:
+        raise SystemExit(f"probe: {e}") from None
+    if args.preflight_json and (problems := target_problems(json_arg(args.preflight_json), cfg)):
+        raise SystemExit(problems_message(problems))
+    taps = resolve_taps(cfg["num_hidden_layers"], taps_cfg)
+    gpus = gpu_info()
+    weights, source = target_bytes(args.target, args.revision)
+    budget = ext["token_budget"]
+    decision = decide(
+        gpus,
+        weights,
+        activation_bytes_per_token(cfg, len(taps)),
+        None if budget in (None, "auto") else int(budget),
+        args.max_length,
+        int(ext["cpu_slots"]),
+    )
+    out = {
+        "gpus": gpus,
+        "target": {
+            "model": args.target,
+            "weight_bytes": weights,
+            "size_source": source,
+            "num_layers": cfg["num_hidden_layers"],
+            "hidden_size": cfg["hidden_size"],
+            "taps": taps,
+        },
+        **decision,
+    }
+    logging.info("probe: %s", {k: v for k, v in out.items() if k != "gpus"} | {"gpus": len(gpus)})
+    write_json(args.out, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The extraction benchmark runs end to end on a tiny target and reports sane ratios (not a timed
+assertion)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from draftsmith.dataset.extract import ExtractStats
+from draftsmith.dataset.plan import make_batches
+from draftsmith.perf.extraction import draw_lengths, model_flops, torch
+from draftsmith.perf.shapes import build_model, load_shape
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_extract_cpu_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftsmith.perf.bench_extract",
+        "--shape",
+        "tiny-attention",
+        "--tokens",
+        "3000",
+        "--lengths",
+        "loguniform:16:256",
+        "--storage",
+        "fp8",
+        "--naive-fraction",
+        "0.3",
+        "--out-dir",
+        str(tmp_path / "shards"),
+        "--json-out",
+        str(out),
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "(b)/(a)" in res.stdout and "padding waste" in res.stdout
+    r = json.loads(out.read_text())
+    for key in (
+        "bare_tokens_per_s",
+        "extract_tokens_per_s",
+        "extract_over_bare",
+        "bare_fraction_of_ceiling",
+        "padding_waste",
+        "gpu_idle_s",
+        "written_gb_per_s",
+        "produce_gb_per_s",
+        "storage_gb_per_s",
+        "naive_over_bare",
+        "matmul_ceiling_tflops",
+        "model_flops_per_token",
+    ):
+        assert np.isfinite(r[key]) and r[key] >= 0, key
+    assert r["tokens"] >= 3000 and 0 < r["extract_over_bare"] < 10
+    assert 0 <= r["padding_waste"] < 0.5 and r["gpu_idle_s"] <= r["extract_stats"]["seconds"]
+    assert r["bytes_per_token"] == 5 * 128 + 4  # fp8 taps plus one fp32 scale per row
+    assert not list((tmp_path / "shards").rglob("*.safetensors"))  # cleaned up without --keep
+
+
+def test_batching_keeps_padding_low_on_loguniform_lengths():
+    lengths = draw_lengths("loguniform:64:8192", 400_000, None, seed=0)
+    batches = make_batches(lengths, 65536)
+    padded = sum(len(b) * lengths[b].max() for b in batches)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(len(b) == 1 or len(b) * lengths[b].max() <= 65536 for b in batches)
+    assert 1 - lengths.sum() / padded <= 0.05
+
+
+def test_model_flops_count_layers_run_and_attention():
+    fields, _ = load_shape("tiny-attention")
+    model = build_model(fields, None, torch.device("cpu"), torch.float32)
+    lengths = np.array([10, 20])
+    one_layer = model_flops(model, lengths, [0])
+    two_layers = model_flops(model, lengths, [0, 1])
+    assert np.isclose(two_layers, 2 * one_layer)  # identical layers: only the layers run are counted
+    params = sum(p.numel() for p in model.model.layers[0].parameters())
+    attn = 4 * 4 * 32 * (10 * 11 / 2 + 20 * 21 / 2)
+    assert np.isclose(one_layer, 2 * params * 30 + attn)
+
+
+def test_storage_limited_flag_needs_slow_storage_and_waiting():
+    s = ExtractStats(
+        tokens=1000,
+        seconds=10.0,
+        gpu_busy_seconds=5.0,
+        write_seconds=9.0,
+        flush_seconds=2.0,
+        writer_wait_seconds=4.0,
+        bytes_written=10**10,
+    )
+    assert s.produce_gb_s == 2.0 and np.isclose(s.storage_gb_s, 10 / 11) and s.storage_limited
+    assert s.gpu_idle_seconds == 5.0 and "storage" in s.summary()
+    fast = ExtractStats(
+        tokens=1000, seconds=10.0, gpu_busy_seconds=9.9, write_seconds=1.0, bytes_written=10**10
+    )
+    assert not fast.storage_limited

@@ -1,0 +1,73 @@
+"""Data preparation: chat rendering and loss masks, errors that name file and line, deterministic shards."""
+
+import json
+
+import numpy as np
+import pytest
+
+from draftsmith.dataset.prepare import BadRecord, prepare
+from draftsmith.dataset.shard import assign_shards
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_loss_mask_covers_assistant_turns_only(tokenizer, tmp_path):
+    rec = {
+        "id": "a",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "say hi"},
+            {"role": "assistant", "content": "hi there"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "hello again"},
+        ],
+    }
+    path = write_jsonl(tmp_path / "d.jsonl", [rec, {"prompt": "p?", "response": "r!"}])
+    df, stats = prepare(str(path), tokenizer, max_length=512, thinking=False)
+    assert stats.samples == 2 and df["id"].tolist() == ["a", "d:2"]
+    ids, mask = df["input_ids"][0], df["loss_mask"][0].astype(bool)
+    trained = tokenizer.decode(ids[mask])
+    assert "hi there" in trained and "hello again" in trained
+    assert "say hi" not in trained and "be brief" not in trained and "again<" not in trained.split("hello")[0]
+    # prompt_len marks the start of the last assistant turn
+    assert mask[df["prompt_len"][0]] and not mask[df["prompt_len"][0] - 1]
+
+
+def test_bad_records_name_file_and_line(tokenizer, tmp_path):
+    path = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {"prompt": "ok", "response": "fine"},
+            "{not json",
+            {"messages": [{"role": "user", "content": "no answer"}]},
+            {"text": "neither format"},
+            {"messages": [{"role": "wizard", "content": "x"}]},
+        ],
+    )
+    with pytest.raises(BadRecord, match=r"bad\.jsonl:2: invalid JSON"):
+        prepare(str(path), tokenizer, 512, False)
+    df, stats = prepare(str(path), tokenizer, 512, False, on_bad_record="skip")
+    assert len(df) == 1 and stats.skipped == 4 and stats.records == 5
+
+
+def test_truncation_is_counted(tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "x", "response": "word " * 400}])
+    df, stats = prepare(str(path), tokenizer, max_length=64, thinking=False)
+    assert stats.truncated == 1 and df["num_tokens"][0] == 64
+
+
+def test_shards_balanced_and_deterministic():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 1000, size=200).tolist()
+    ids = [f"id{i}" for i in range(200)]
+    a = assign_shards(lengths, ids, 4)
+    assert a == assign_shards(lengths, ids, 4)
+    loads = [sum(n for n, s in zip(lengths, a) if s == k) for k in range(4)]
+    assert max(loads) - min(loads) <= max(lengths)
+    # order of the input does not matter: same id -> same shard
+    perm = rng.permutation(200)
+    b = assign_shards([lengths[i] for i in perm], [ids[i] for i in perm], 4)
+    assert all(b[j] == a[i] for j, i in enumerate(perm))

@@ -1,0 +1,242 @@
+"""The drafter: masks as the paper describes, training forward == inference forward, export round-trip."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from draftsmith.config import with_defaults
+from draftsmith.dataset.shards import Sample
+from draftsmith.drafter.batches import make_batch
+from draftsmith.drafter.config import FULL, DrafterConfig, config_from_target, resolve_mask_token_id
+from draftsmith.drafter.loss import block_loss
+from draftsmith.drafter.model import SLIDING, BlockLayout, Drafter, build_masks, dense_mask
+from draftsmith.drafter.train import position_weights
+from draftsmith.drafter.zlab import load_drafter, save_zlab
+from draftsmith.speculative.proposers import BlockDrafter, load_block_drafter
+from draftsmith.target.files import load_target_head
+
+H, V = 32, 96
+
+
+def tiny_cfg(**kw) -> DrafterConfig:
+    base = dict(
+        hidden_size=H,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        vocab_size=V,
+        target_layer_ids=[0, 2],
+        num_target_layers=4,
+        mask_token_id=V - 1,
+        block_size=4,
+    )
+    base.update(kw)
+    return DrafterConfig(**base)
+
+
+def brute_force_mask(doc, pos, block_doc, anchor, B, window):
+    """Straight from the paper: block n's query k sees context j of its sequence iff pos_j < anchor_n (and, on
+    a sliding layer, anchor_n + k - pos_j < window), and every token of its own block; nothing else."""
+    T, N = len(doc), len(anchor)
+    m = torch.zeros(N * B, T + N * B, dtype=torch.bool)
+    for n in range(N):
+        for k in range(B):
+            q = n * B + k
+            for j in range(T):
+                if doc[j] == block_doc[n] and pos[j] < anchor[n]:
+                    if window is None or anchor[n] + k - pos[j] < window:
+                        m[q, j] = True
+            for k2 in range(B):
+                m[q, T + n * B + k2] = True
+    return m
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_block_mask_matches_brute_force(window):
+    lens, anchors = [7, 5], [[1, 3, 5], [2, 4]]
+    doc = [s for s, t in enumerate(lens) for _ in range(t)]
+    pos = [p for t in lens for p in range(t)]
+    block_doc = [s for s, a in enumerate(anchors) for _ in a]
+    anchor = [x for a in anchors for x in a]
+    B = 4
+    lay = BlockLayout(torch.tensor(doc), torch.tensor(pos), torch.tensor(block_doc), torch.tensor(anchor), B)
+    got = dense_mask(lay, window)
+    want = brute_force_mask(doc, pos, block_doc, anchor, B, window)
+    assert torch.equal(got, want)
+    # the anchor itself is never in its own block's context (the target has not seen it yet)
+    assert not got[0, anchor[0]] and got[0, anchor[0] - 1]
+
+
+def _toy_samples(n_seq: int, t: int, width: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n_seq):
+        ids = torch.randint(0, V - 1, (t,), generator=g)
+        mask = torch.ones(t, dtype=torch.bool)
+        mask[:2] = False
+        out.append(Sample(torch.randn(t, width, generator=g), ids, mask))
+    return out
+
+
+@pytest.mark.parametrize("layer_types,window", [(None, None), ([SLIDING, FULL], 4)])
+def test_training_forward_equals_inference_forward(layer_types, window):
+    torch.manual_seed(0)
+    cfg = tiny_cfg(layer_types=layer_types or [], sliding_window=window)
+    model = Drafter(cfg).double()
+    embed, head = torch.randn(V, H, dtype=torch.float64), torch.randn(V, H, dtype=torch.float64)
+    samples = [Sample(s.hidden.double(), s.input_ids, s.loss_mask) for s in _toy_samples(2, 11, 2 * H, 1)]
+    anchors = [torch.tensor([1, 4, 8]), torch.tensor([3, 6])]
+    batch = make_batch(samples, anchors, cfg.block_size, cfg.mask_token_id)
+    x = torch.nn.functional.embedding(batch.block_tokens, embed)
+    masks = build_masks(batch.layout, cfg, use_flex=False)
+    h = model(batch.taps, batch.layout.ctx_pos, x, batch.query_positions(), masks)
+    train_logits = (h @ head.T).view(-1, cfg.block_size, V)[:, 1:]
+
+    drafter = BlockDrafter(model, embed, head)
+    n = 0
+    for smp, anc in zip(samples, anchors):
+        drafter.reset()
+        drafter.extend(smp.hidden[:2])  # extend in pieces, then crop back: the cache must not care
+        drafter.extend(smp.hidden[2:])
+        for a in anc.tolist():
+            drafter.crop(a)
+            assert drafter.context_length == a
+            got = drafter.propose(int(smp.input_ids[a]))
+            assert got.shape == (cfg.block_size - 1, V) and got.dtype == torch.float32
+            torch.testing.assert_close(got, train_logits[n].float(), rtol=1e-5, atol=1e-5)
+            drafter.extend(smp.hidden[a:])  # rejected drafts: crop, then the target's new states come back
+            n += 1
+    assert n == len(train_logits)
+
+
+def test_blocks_do_not_see_each_other():
+    """Changing one block's anchor token changes that block's logits only."""
+    torch.manual_seed(0)
+    cfg = tiny_cfg()
+    model = Drafter(cfg)
+    embed = torch.randn(V, H)
+    samples = _toy_samples(1, 12, 2 * H, 2)
+    batch = make_batch(samples, [torch.tensor([2, 5, 9])], cfg.block_size, cfg.mask_token_id)
+    masks = build_masks(batch.layout, cfg, use_flex=False)
+
+    def run(tokens):
+        x = torch.nn.functional.embedding(tokens, embed)
+        return model(batch.taps, batch.layout.ctx_pos, x, batch.query_positions(), masks).view(
+            3, cfg.block_size, H
+        )
+
+    a = run(batch.block_tokens)
+    t2 = batch.block_tokens.clone()
+    t2[cfg.block_size] = (t2[cfg.block_size] + 1) % (V - 1)
+    b = run(t2)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
+    assert not torch.allclose(a[1], b[1])
+
+
+def test_chunked_loss_matches_plain_cross_entropy():
+    torch.manual_seed(0)
+    cfg = tiny_cfg()
+    model = Drafter(cfg)
+    embed, head = torch.randn(V, H), torch.randn(V, H)
+    samples = _toy_samples(2, 10, 2 * H, 3)
+    batch = make_batch(
+        samples, [torch.tensor([1, 5]), torch.tensor([2, 7])], cfg.block_size, cfg.mask_token_id
+    )
+    masks = build_masks(batch.layout, cfg, use_flex=False)
+    w = position_weights(cfg.block_size, 7.0)
+    loss, correct, count = block_loss(model, embed, head, batch, masks, w)
+    loss.backward()
+    g1 = model.fc.weight.grad.clone()
+    model.zero_grad()
+
+    x = torch.nn.functional.embedding(batch.block_tokens, embed)
+    h = model(batch.taps, batch.layout.ctx_pos, x, batch.query_positions(), masks)
+    logits = h @ head.T
+    keep = batch.labels >= 0
+    rw = w[torch.arange(len(keep)) % cfg.block_size][keep]
+    ce = torch.nn.functional.cross_entropy(logits[keep], batch.labels[keep], reduction="none")
+    ref = (ce * rw).sum() / rw.sum()
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(model.fc.weight.grad, g1)
+    assert count[0] == 0 and count[1] == 4  # the anchor is never a label; every block has a position-1 label
+    pred = logits.argmax(-1)[keep]
+    assert correct.sum() == (pred == batch.labels[keep]).sum()
+
+
+def test_mask_token_resolution(tmp_path):
+    assert resolve_mask_token_id(5, 7, 10) == 5
+    assert resolve_mask_token_id("auto", 7, 10) == 7
+    with pytest.raises(ValueError, match="no mask token"):
+        resolve_mask_token_id("auto", None, 10, tmp_path)
+    with pytest.raises(ValueError, match="outside"):
+        resolve_mask_token_id(12, None, 10)
+
+
+def _tiny_target(path, tie: bool):
+    cfg = Qwen3Config(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=tie,
+        rope_theta=5e5,
+    )
+    torch.manual_seed(1)
+    model = Qwen3ForCausalLM(cfg)
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_target_head_and_shapes_follow_target(tmp_path, tie):
+    target = _tiny_target(tmp_path / "t", tie)
+    embed, head = load_target_head(tmp_path / "t")
+    assert torch.equal(embed, target.model.embed_tokens.weight.detach())
+    assert torch.equal(head, target.lm_head.weight.detach())
+    tc = json.loads((tmp_path / "t" / "config.json").read_text())
+    cfg = config_from_target(tc, [0, 2], with_defaults("drafter", {"num_layers": 2, "mask_token_id": 3}))
+    assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (H, 4, 2, 8)
+    assert cfg.intermediate_size == 48 and cfg.rope_theta == 5e5 and cfg.num_target_layers == 4
+
+
+def test_export_round_trip_and_config(tmp_path):
+    _tiny_target(tmp_path / "t", tie=False)
+    cfg = tiny_cfg(num_layers=3, layer_types=[SLIDING, SLIDING, FULL], sliding_window=16)
+    torch.manual_seed(0)
+    model = Drafter(cfg)
+    out = save_zlab(model, tmp_path / "d", torch.bfloat16)
+    c = json.loads((out / "config.json").read_text())
+    assert c["architectures"] == ["DFlashDraftModel"] and c["model_type"] == "qwen3"
+    assert c["dflash_config"] == {"mask_token_id": V - 1, "target_layer_ids": [0, 2]}
+    assert c["block_size"] == 4 and c["num_target_layers"] == 4 and c["num_hidden_layers"] == 3
+    assert c["layer_types"] == [SLIDING, SLIDING, FULL] and c["sliding_window"] == 16
+    for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"):
+        assert k in c
+    saved = load_file(str(out / "model.safetensors"))
+    assert "fc.weight" in saved and "hidden_norm.weight" in saved and "norm.weight" in saved
+    assert "layers.2.self_attn.q_norm.weight" in saved and "layers.0.mlp.down_proj.weight" in saved
+    assert not any("embed" in k or "lm_head" in k for k in saved)
+
+    back = load_drafter(out)
+    assert back.cfg == cfg
+    for k, v in back.state_dict().items():
+        assert v.dtype == torch.bfloat16
+        assert torch.equal(v.view(torch.int16), saved[k].view(torch.int16)), k  # bit-exact
+        assert torch.equal(v, model.state_dict()[k].to(torch.bfloat16)), k
+    again = save_zlab(back, tmp_path / "d2", torch.bfloat16)
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+    bd = load_block_drafter(str(out), str(tmp_path / "t"), "cpu", torch.float32)
+    bd.extend(torch.randn(5, 2 * H))
+    logits = bd.propose(7)
+    assert logits.shape == (3, V) and torch.isfinite(logits).all()
+    assert bd.block_size == 4 and bd.mask_token_id == V - 1

@@ -1,0 +1,287 @@
+"""Training end to end on a tiny target: the loss falls, accuracy beats the frequency baseline, a killed run
+resumes into the same run, and the CLIs produce a loadable z-lab drafter."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from draftsmith.config import with_defaults
+from draftsmith.core.io import write_json
+from draftsmith.dataset.shards import ShardWriter
+from draftsmith.drafter.batches import plan_epoch, sample_cost
+from draftsmith.drafter.train import train
+from draftsmith.drafter.zlab import load_drafter
+from draftsmith.target.taps import forward_taps
+
+REPO = Path(__file__).resolve().parents[2]
+V, H, TAPS = 64, 32, [0, 2]
+DRAFTER = with_defaults(
+    "drafter", {"num_layers": 1, "block_size": 4, "mask_token_id": V - 1, "intermediate_size": 64}
+)
+TRAIN = with_defaults(
+    "train",
+    {
+        "epochs": 3,
+        "lr": 1e-2,
+        "anchors_per_seq": 8,
+        "token_budget": 200,
+        "checkpoint_every": 3,
+        "heldout_fraction": 0.15,
+        "warmup_ratio": 0.1,
+    },
+)
+
+
+def toy_sequences(n: int, t: int, seed: int) -> list[torch.Tensor]:
+    """A toy language: each token is followed by a fixed permutation of it (16 tokens), random starts."""
+    g = torch.Generator().manual_seed(seed)
+    pi = torch.randperm(16, generator=g)
+    seqs = []
+    for _ in range(n):
+        x = [int(torch.randint(0, 16, (1,), generator=g))]
+        for _ in range(t - 1):
+            x.append(int(pi[x[-1]]))
+        seqs.append(torch.tensor(x))
+    return seqs
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> dict:
+    """A tiny Qwen3 target, its tap states on toy sequences, written as shards + a merged manifest."""
+    root = tmp_path_factory.mktemp("toy")
+    cfg = Qwen3Config(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # a trained LM's embedding rows are far from 0.02-std noise; logits need some scale
+        target.model.embed_tokens.weight.normal_(0.0, 0.15)
+    target.save_pretrained(root / "target")
+    seqs = toy_sequences(60, 32, 0)
+    shards = []
+    for s, part in enumerate([seqs[:30], seqs[30:]]):
+        lengths = [len(x) for x in part]
+        w = ShardWriter(root / "shards" / f"s{s}.safetensors", lengths, len(TAPS) * H)
+        for i, ids in enumerate(part):
+            hidden = forward_taps(target, ids[None], None, TAPS)[0].to(torch.bfloat16)
+            mask = torch.ones(len(ids), dtype=torch.bool)
+            mask[:3] = False
+            w.write_sample(i, hidden, ids, mask)
+        w.close()
+        shards.append(
+            {"path": f"../shards/s{s}.safetensors", "num_samples": len(part), "sample_tokens": lengths}
+        )
+    manifest = root / "merged" / "manifest.json"
+    write_json(
+        manifest,
+        {
+            "model": "toy",
+            "taps": TAPS,
+            "hidden_size": H,
+            "storage": "bf16",
+            "total_tokens": sum(sum(x["sample_tokens"]) for x in shards),
+            "shards": shards,
+        },
+    )
+    return {"root": root, "manifest": manifest, "target": root / "target"}
+
+
+def read_metrics(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_plan_respects_budget_and_covers_every_sample():
+    import numpy as np
+
+    lengths = np.array([10, 50, 30, 300, 20, 40])
+    idx = np.arange(6)
+    batches = plan_epoch(lengths, idx, 200, 4, 4, 0, 0)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    for b in batches:
+        cost = sum(sample_cost(lengths[i], 4, 4) for i in b)
+        assert cost <= 200 or len(b) == 1
+    assert plan_epoch(lengths, idx, 200, 4, 4, 0, 1) != batches or len(batches) == 1  # reshuffled per epoch
+
+
+def test_training_learns_and_beats_frequency_baseline(toy, tmp_path):
+    s = train(toy["manifest"], toy["target"], tmp_path / "run", DRAFTER, TRAIN)
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    losses = [float(r["loss"]) for r in rows]
+    q = max(1, len(losses) // 4)
+    assert sum(losses[-q:]) / q < 0.5 * sum(losses[:q]) / q
+    assert s["heldout_acc_1"] > s["frequency_baseline_1"] + 0.3, s
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
+    assert (tmp_path / "run" / "final" / "config.json").exists()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["first_loss"] == losses[0] and summary["tokens_per_s"] > 0
+    assert set(summary["heldout_acc"]) == {"1", "2", "3"}
+
+
+def test_killed_run_resumes_into_the_same_run(toy, tmp_path):
+    cfg = {**TRAIN, "epochs": 1}
+    train(toy["manifest"], toy["target"], tmp_path / "whole", DRAFTER, cfg)
+    train(
+        toy["manifest"], toy["target"], tmp_path / "killed", DRAFTER, cfg, stop_after=5
+    )  # last checkpoint: 3
+    assert len(read_metrics(tmp_path / "killed" / "metrics.csv")) == 5
+    assert not (tmp_path / "killed" / "final").exists()
+    train(toy["manifest"], toy["target"], tmp_path / "killed", DRAFTER, cfg)
+    whole = read_metrics(tmp_path / "whole" / "metrics.csv")
+    resumed = read_metrics(tmp_path / "killed" / "metrics.csv")
+    assert [r["step"] for r in resumed] == [r["step"] for r in whole]
+    for a, b in zip(whole, resumed):
+        assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-6, abs=1e-7), a["step"]
+    wa = load_drafter(tmp_path / "whole" / "final").state_dict()
+    wb = load_drafter(tmp_path / "killed" / "final").state_dict()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_cli_train_then_export(toy, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    tj = json.dumps({**TRAIN, "max_steps": 2, "epochs": 1})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "draftsmith.steps.train",
+            "--dataset",
+            str(toy["manifest"]),
+            "--target",
+            str(toy["target"]),
+            "--out",
+            str(tmp_path / "train"),
+            "--drafter-json",
+            json.dumps({**DRAFTER, "mask_token_id": "auto"}),
+            "--train-json",
+            tj,
+            "--preset-mask-token-id",
+            "62",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    assert len(read_metrics(tmp_path / "train" / "metrics.csv")) == 2
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "draftsmith.steps.export",
+            "--train-dir",
+            str(tmp_path / "train"),
+            "--target",
+            str(toy["target"]),
+            "--out",
+            str(tmp_path / "drafter"),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    c = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    assert (
+        c["dflash_config"] == {"mask_token_id": 62, "target_layer_ids": TAPS}
+        and c["torch_dtype"] == "bfloat16"
+    )
+    assert load_drafter(tmp_path / "drafter").fc.weight.dtype == torch.bfloat16
+
+
+def test_sigkill_mid_run_then_rerun_finishes_the_same_run(toy, tmp_path):
+    """A real kill (SIGKILL of the training process once a checkpoint exists), then the same command again."""
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    tj = json.dumps({**TRAIN, "epochs": 2, "checkpoint_every": 2})
+
+    def cmd(out):
+        return [
+            sys.executable,
+            "-m",
+            "draftsmith.steps.train",
+            "--dataset",
+            str(toy["manifest"]),
+            "--target",
+            str(toy["target"]),
+            "--out",
+            str(out),
+            "--drafter-json",
+            json.dumps(DRAFTER),
+            "--train-json",
+            tj,
+        ]
+
+    subprocess.run(cmd(tmp_path / "whole"), check=True, env=env, capture_output=True)
+    proc = subprocess.Popen(
+        cmd(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    ckpts = tmp_path / "killed" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpts.exists() and any(p.suffix == ".pt" for p in ckpts.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / "final").exists()
+    subprocess.run(cmd(tmp_path / "killed"), check=True, env=env, capture_output=True)
+    whole = read_metrics(tmp_path / "whole" / "metrics.csv")
+    resumed = read_metrics(tmp_path / "killed" / "metrics.csv")
+    assert [r["step"] for r in resumed] == [r["step"] for r in whole]
+    for a, b in zip(whole, resumed):
+        assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-5, abs=1e-6), a["step"]
+
+
+def test_ddp_two_ranks_train_and_rank0_writes(toy, tmp_path):
+    """Two torchrun ranks (gloo on the CPU: the same DDP code path as NCCL on GPUs) train one drafter."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), DRAFTSMITH_DISTRIBUTED="1", OMP_NUM_THREADS="1")
+    tj = json.dumps({**TRAIN, "epochs": 2})
+    out = tmp_path / "ddp"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "draftsmith.steps.train",
+            "--dataset",
+            str(toy["manifest"]),
+            "--target",
+            str(toy["target"]),
+            "--out",
+            str(out),
+            "--drafter-json",
+            json.dumps(DRAFTER),
+            "--train-json",
+            tj,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out / "metrics.csv")
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(set(steps))  # one writer: no step twice
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert load_drafter(out / "final").fc.weight.shape[1] == len(TAPS) * H

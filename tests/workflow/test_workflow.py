@@ -1,0 +1,146 @@
+"""The workflow through the Snakemake CLI: reruns recompute only what is missing or broken; bad configs fail
+with the key named. Real jobs, real files, a tiny real target."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import digest, make_workflow, snakemake
+
+from draftsmith.config import preflight
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("wf")
+    make_workflow(root, tokenizer, extract={"shards": 3, "validate_samples": 2})
+    return root
+
+
+def test_dry_run_lists_every_job(small_run):
+    out = snakemake("dataset", "-n", "--configfile", str(small_run / "config.yaml")).stdout
+    for rule, n in [
+        ("probe", 1),
+        ("prepare", 1),
+        ("shard", 1),
+        ("extract", 3),
+        ("validate", 3),
+        ("dataset", 1),
+    ]:
+        assert any(line.split() == [rule, str(n)] for line in out.splitlines()), (rule, out[-1500:])
+
+
+def test_rerun_recomputes_only_the_broken_shard(small_run):
+    cfg = ["--configfile", str(small_run / "config.yaml")]
+    res = small_run / "results"
+    snakemake("dataset", *cfg)
+    merged = json.loads((res / "merged/manifest.json").read_text())
+    assert merged["num_shards"] == 3 and merged["total_samples"] == 24
+    shards = {s: res / f"extract/shard00{s}.safetensors" for s in range(3)}
+    before = {s: (digest(p), p.stat().st_mtime_ns) for s, p in shards.items()}
+
+    # nothing changed: nothing runs
+    assert "Nothing to be done" in snakemake("dataset", "-n", *cfg).stdout
+
+    # a deleted shard: only it is recomputed
+    shards[1].unlink()
+    snakemake("dataset", *cfg)
+    after = {s: (digest(p), p.stat().st_mtime_ns) for s, p in shards.items()}
+    assert after[0] == before[0] and after[2] == before[2]
+    assert after[1][0] == before[1][0] and after[1][1] != before[1][1]  # same bytes, new file
+    # its regenerated answers were kept from the first run, not decoded again
+    assert "regeneration: reusing" in (res / "logs/extract/shard001.log").read_text()
+
+    # a corrupted shard: validation names it and the check, moves it aside; the next run recomputes it alone
+    raw = bytearray(shards[2].read_bytes())
+    raw[-64:] = bytes(64)  # zero the tail (the last sample's rows)
+    shards[2].write_bytes(bytes(raw))
+    fail = snakemake("dataset", *cfg, check=False)
+    assert fail.returncode != 0
+    log = (res / "logs/validate/shard002.log").read_text()
+    assert "shard shard002" in log and "check failed" in log
+    assert not shards[2].exists() and any((res / "extract/quarantine").iterdir())
+    snakemake("dataset", *cfg)
+    final = {s: (digest(p), p.stat().st_mtime_ns) for s, p in shards.items()}
+    assert final[0] == before[0] and final[1] == after[1]
+    assert final[2][0] == before[2][0]
+
+
+def test_bad_config_names_the_key(small_run):
+    proc = snakemake(
+        "-n",
+        "--config",
+        "data={'on_bad_record': 'ignore'}",
+        "--configfile",
+        str(small_run / "config.yaml"),
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "on_bad_record" in proc.stderr + proc.stdout
+
+
+def test_bad_record_stops_prepare_with_file_and_line(small_run, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": 3}\n')
+    cfg = yaml.safe_load((small_run / "config.yaml").read_text())
+    cfg["data"]["path"] = str(bad)
+    cfg["results"] = str(tmp_path / "results")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake("prepare", "--configfile", str(tmp_path / "c.yaml"), check=False)
+    assert proc.returncode != 0
+    log = (tmp_path / "results/logs/prepare.log").read_text()
+    assert f"{bad}:2: `prompt` must be a string" in log
+
+
+def test_whole_dag_to_report(small_run, tmp_path):
+    """probe -> ... -> merge -> train -> export -> bench -> report, then `snakemake --report`."""
+    cfg = yaml.safe_load((small_run / "config.yaml").read_text())
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": t}]}) + "\n"
+            for i, t in enumerate(["def main():", "import os\n", "class A:"])
+        )
+    )
+    cfg.update(
+        drafter={"num_layers": 1, "block_size": 4},
+        train={"epochs": 1, "anchors_per_seq": 8, "token_budget": 1024},
+        bench={
+            "datasets": [{"name": "tiny", "path": str(prompts)}],
+            "max_new_tokens": 12,
+            "ddtree_budgets": [4, 8],
+            "parts": 1,
+        },
+    )
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["--configfile", str(tmp_path / "c.yaml")]
+    snakemake("all", *args)
+    res = Path(cfg["results"])
+    zlab = json.loads((res / "drafter/config.json").read_text())
+    assert zlab["architectures"] == ["DFlashDraftModel"] and zlab["block_size"] == 4
+    summary = (res / "bench/summary.csv").read_text()
+    for method in ("ar", "dflash", "ddtree"):
+        assert f",{method}," in summary
+    records = [json.loads(line) for line in (res / "bench/records.jsonl").read_text().splitlines()]
+    assert all(r["lossless"] for r in records if r["method"] == "dflash")  # fp32: bit-for-bit greedy
+    for png in ("tau_by_method", "tau_vs_budget", "position_acceptance"):
+        assert (res / f"bench/{png}.png").stat().st_size > 1000
+    snakemake("--report", str(tmp_path / "report.html"), *args)
+    assert (tmp_path / "report.html").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    "preset", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml"))
+)
+def test_presets_pass_the_schema_and_preflight(preset):
+    """Users copy a preset over config.yaml or pass it with --configfile: each must validate as Snakemake will
+    see it (merged over config.yaml) and pass the checks that need no weights."""
+    from snakemake.utils import update_config, validate
+
+    root = Path(__file__).parents[2]
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    update_config(config, yaml.safe_load((root / "configs" / preset).read_text()))
+    validate(config, str(root / "workflow/schemas/config.schema.yaml"))
+    assert preflight(config) == []
+    assert config["data"]["regenerate"]["batch_size"] >= 1
