@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # A CPU build of torch is enough for the demo and the tests; GPU nodes install their own CUDA build first.
 TORCH_SPEC ?= torch==2.13.0
+DFLASH_SPEC ?= dflash==0.1.0
 CORES ?= all
 
 .PHONY: setup slurm-deps demo demo-fp8 test test-unit lint clean
@@ -15,6 +16,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
+	# z-lab's reference drafter class, for the parity tests: its own dependencies (mlx, datasets) are not needed
+	$(BIN)/pip install -q --no-deps "$(DFLASH_SPEC)"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -178,8 +178,10 @@ class BlockLayout:
 
 def mask_mod_for(layout: BlockLayout, window: int | None):
     """FlexAttention-style mask_mod over keys [context T | blocks Q]: a block sees its own sequence's context
-    strictly before its anchor (and within the window on sliding layers) plus its own block, never another
-    block."""
+    strictly before its anchor plus its own block, never another block. Full layers see the whole block
+    (bidirectional); sliding layers (`window` set) see context within the window and only the block positions
+    up to their own (causal), the attention z-lab's reference, vLLM and SGLang give a `sliding_attention`
+    layer."""
     T, B = layout.num_ctx, layout.block_size
     ctx_doc, ctx_pos, block_doc, anchor = layout.ctx_doc, layout.ctx_pos, layout.block_doc, layout.anchor
 
@@ -191,6 +193,9 @@ def mask_mod_for(layout: BlockLayout, window: int | None):
         if window is not None:
             ctx_ok = ctx_ok & (qpos - ctx_pos[j] < window)
         own_block = (kv_idx >= T) & ((kv_idx - T) // B == blk)
+        if window is not None:  # sliding layers: causal inside the block too, and within the window
+            back = q_idx % B - (kv_idx - T) % B
+            own_block = own_block & (back >= 0) & (back < window)
         return ctx_ok | own_block
 
     return mask_mod

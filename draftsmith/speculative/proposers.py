@@ -71,9 +71,10 @@ class BlockDrafter:
             if ck is None or cv is None:
                 ck, cv = x.new_zeros(1, nkv, 0, d), x.new_zeros(1, nkv, 0, d)
             mask = None
-            if layer.layer_type == SLIDING and L > 0:
+            if layer.layer_type == SLIDING:  # causal inside the block, context within the window
                 ctx_ok = pos[:, None] - torch.arange(L, device=dev)[None, :] < self.cfg.sliding_window
-                mask = torch.cat([ctx_ok, torch.ones(B, B, dtype=torch.bool, device=dev)], dim=1)
+                back = torch.arange(B, device=dev)[:, None] - torch.arange(B, device=dev)[None, :]
+                mask = torch.cat([ctx_ok, (back >= 0) & (back < self.cfg.sliding_window)], dim=1)
             x = layer(x, pos, ck, cv, mask)
         h = self.model.norm(x)[1:]
         return (h.to(self.lm_head.dtype) @ self.lm_head.T).float()

@@ -41,7 +41,8 @@ def tiny_cfg(**kw) -> DrafterConfig:
 
 def brute_force_mask(doc, pos, block_doc, anchor, B, window):
     """Straight from the paper: block n's query k sees context j of its sequence iff pos_j < anchor_n (and, on
-    a sliding layer, anchor_n + k - pos_j < window), and every token of its own block; nothing else."""
+    a sliding layer, anchor_n + k - pos_j < window), and every token of its own block (on a sliding layer only
+    k2 <= k within the window, as z-lab's reference runs sliding layers); nothing else."""
     T, N = len(doc), len(anchor)
     m = torch.zeros(N * B, T + N * B, dtype=torch.bool)
     for n in range(N):
@@ -52,7 +53,8 @@ def brute_force_mask(doc, pos, block_doc, anchor, B, window):
                     if window is None or anchor[n] + k - pos[j] < window:
                         m[q, j] = True
             for k2 in range(B):
-                m[q, T + n * B + k2] = True
+                if window is None or 0 <= k - k2 < window:
+                    m[q, T + n * B + k2] = True
     return m
 
 
