@@ -127,6 +127,14 @@ def local_configs(model: str) -> tuple[dict, dict] | None:
     return top, top.get("text_config", top)
 
 
+# Why no tap may read the last decoder layer: the engines capture each tap as the input of the next layer
+UNSERVED_LAST = (
+    "no serving engine captures the last layer's output (vLLM takes a tap as the input of layer id + 1, "
+    "SGLang indexes layers[id + 1]), so a drafter trained on it would be served without it. Set "
+    "taps.include_last: false and use tap ids below the last layer (`auto` gives the DFlash default)"
+)
+
+
 def target_problems(config: dict, text_cfg: dict) -> list[str]:
     """Values of the config that contradict the target's own config.json."""
     problems: list[str] = []
@@ -149,6 +157,17 @@ def target_problems(config: dict, text_cfg: dict) -> list[str]:
                 f"taps.layers: {bad} out of range, {model!r} has {layers} decoder layers (ids 0.."
                 f"{layers - 1}); use ids below {layers} or `auto`"
             )
+        elif layers - 1 in taps:
+            problems.append(
+                f"taps.layers: {layers - 1} is the last decoder layer of {model!r}; {UNSERVED_LAST}"
+            )
+        elif list(taps) != sorted(set(taps)):
+            problems.append(
+                f"taps.layers: {list(taps)} must be increasing without repeats: the serving engines "
+                "concatenate the taps in layer order"
+            )
+    if config["taps"]["include_last"]:
+        problems.append(f"taps.include_last: true; {UNSERVED_LAST}")
     masks = [
         ("target.mask_token_id", config["target"]["mask_token_id"]),
         ("drafter.mask_token_id", config["drafter"]["mask_token_id"]),

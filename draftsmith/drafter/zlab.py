@@ -21,8 +21,20 @@ from draftsmith.drafter.model import Drafter
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def zlab_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
+def zlab_config(cfg: DrafterConfig, dtype: torch.dtype, mask_token: str | None = None) -> dict:
+    """z-lab's fields, plus what other readers look for: vLLM reads `eagle_aux_hidden_state_layer_ids` (HF
+    hidden_states indices, tap id + 1) before `dflash_config.target_layer_ids` and sizes `fc` from
+    `target_hidden_size`; SGLang reads `dflash_config.block_size` (else 16) and, in some versions,
+    `dflash_config.mask_token` (the token's string); Transformers 5 reads `rope_parameters`, older readers
+    `rope_theta`."""
     sliding = SLIDING in cfg.layer_types
+    dflash = {
+        "mask_token_id": cfg.mask_token_id,
+        "target_layer_ids": list(cfg.target_layer_ids),
+        "block_size": cfg.block_size,
+    }
+    if mask_token is not None:
+        dflash["mask_token"] = mask_token
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -36,6 +48,7 @@ def zlab_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "rope_scaling": None,
         "max_position_embeddings": cfg.max_position_embeddings,
         "attention_bias": False,
@@ -47,7 +60,9 @@ def zlab_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
         "layer_types": list(cfg.layer_types),
         "block_size": cfg.block_size,
         "num_target_layers": cfg.num_target_layers,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+        "target_hidden_size": cfg.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
+        "dflash_config": dflash,
         "torch_dtype": _DTYPE_NAMES[dtype],
     }
 
@@ -67,7 +82,9 @@ def config_from_zlab(c: dict) -> DrafterConfig:
     )
 
 
-def save_zlab(model: Drafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+def save_zlab(
+    model: Drafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16, *, mask_token: str | None = None
+) -> Path:
     """Writes into a temporary directory beside out_dir, then renames: a killed export leaves no half
     drafter."""
     out_dir = Path(out_dir)
@@ -75,7 +92,8 @@ def save_zlab(model: Drafter, out_dir: str | Path, dtype: torch.dtype = torch.bf
         tmp.mkdir()
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(zlab_config(model.cfg, dtype), indent=2) + "\n")
+        config = zlab_config(model.cfg, dtype, mask_token)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
 
 
@@ -94,6 +112,14 @@ def load_drafter(drafter_dir: str | Path) -> Drafter:
     return model
 
 
-def export(train_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """The trained drafter under train_dir/final (fp32) -> a servable z-lab directory (bf16 by default)."""
-    return save_zlab(load_drafter(Path(train_dir) / "final"), out_dir, dtype)
+def export(
+    train_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16, *, tokenizer=None
+) -> Path:
+    """The trained drafter under train_dir/final (fp32) -> a servable z-lab directory (bf16 by default); with
+    the target's tokenizer, the mask token's string is written too (where the id is one of its tokens)."""
+    model = load_drafter(Path(train_dir) / "final")
+    mid = model.cfg.mask_token_id
+    mask_token = (
+        tokenizer.convert_ids_to_tokens(mid) if tokenizer is not None and mid < len(tokenizer) else None
+    )
+    return save_zlab(model, out_dir, dtype, mask_token=mask_token)

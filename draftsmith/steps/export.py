@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 import torch
+from transformers import AutoTokenizer
 
 from draftsmith.drafter.zlab import export
+from draftsmith.target.files import load_target_head
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -20,10 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     a = p.parse_args(argv)
-    from draftsmith.target.files import load_target_head
-
     load_target_head(a.target)  # fail now, not at serving time, if the target lacks what the drafter borrows
-    print(export(a.train_dir, a.out, DTYPES[a.dtype]))
+    print(export(a.train_dir, a.out, DTYPES[a.dtype], tokenizer=AutoTokenizer.from_pretrained(a.target)))
 
 
 if __name__ == "__main__":
