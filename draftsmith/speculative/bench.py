@@ -62,6 +62,7 @@ def bench_prompt(
         "hybrid": hybrid,
         "ar_seconds": greedy.seconds,
         "ar_tokens": len(greedy.tokens),
+        "dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
     }
     records: list[dict[str, Any]] = []
     if "ar" in methods:
@@ -261,9 +262,55 @@ def run_bench(
             _append_done(log_f, i, rows)
             faults.pause(f"bench:{n}")  # a drill: killed here, the rerun starts at the next prompt
     rows = [r for i in sorted(done) for r in done[i]]
+    rows += fp32_check(
+        target_dir, drafter_dir, mine, dataset=dataset, part=part, parts=parts, rows=rows, gpus=gpus,
+        target_cfg=target_cfg, bench=bench, taps=taps or drafter_taps(drafter_dir),
+    )  # fmt: skip
     write_jsonl(out, rows, tmp=out.with_name(out.name + ".tmp"))  # tmp_path(out) holds the progress
     partial.unlink()
     return len(rows)
+
+
+def fp32_check(
+    target_dir: str,
+    drafter_dir: str,
+    prompts: list[dict],
+    *,
+    dataset: str,
+    part: int,
+    parts: int,
+    rows: list[dict],
+    gpus: int,
+    target_cfg: dict,
+    bench: dict,
+    taps: list[int],
+) -> list[dict]:
+    """The first `bench.fp32_check_prompts` prompts again with target and drafter in fp32: there the real
+    DFlash loop must equal greedy decoding exactly, so a difference is a bug, not bf16 rounding. One record
+    each (`check: fp32`). Nothing to do where the bench ran in fp32 already, or without the real loop."""
+    count = min(int(bench["fp32_check_prompts"]), len(prompts))
+    ran_fp32 = all(r.get("dtype") == "float32" for r in rows)
+    if not count or ran_fp32 or not bench["real_loop"] or float(bench["temperature"]) > 0:
+        return []
+    checks = []
+    with acquire(gpus) as devices:
+        models = _load_models(
+            target_dir, drafter_dir, devices=devices, target_cfg={**target_cfg, "dtype": "fp32"}, bench=bench
+        )
+        thinking, max_new = bool(bench["thinking"]), int(bench["max_new_tokens"])
+        for i, rec in enumerate(prompts[:count]):
+            ids = prompt_ids_of(rec, models.tokenizer, thinking)
+            greedy = ar_generate(models.target, ids, max_new, models.stop_ids)
+            out, _ = speculative_generate(
+                models.target, models.drafter, ids, max_new, taps, None, models.stop_ids
+            )
+            exact = out.tokens == greedy.tokens
+            checks.append({
+                "dataset": dataset, "id": str(rec.get("id", part + i * parts)), "check": "fp32",
+                "method": "dflash", "dtype": "float32", "exact": exact,
+                "divergence": None if exact else divergence(models.target, ids, greedy.tokens, out.tokens),
+            })  # fmt: skip
+    return checks
 
 
 @dataclass

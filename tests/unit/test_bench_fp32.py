@@ -1,0 +1,53 @@
+"""The fp32 check: a bench that runs in bf16 reruns its first prompts with target and drafter in fp32, where
+the real DFlash loop must equal greedy decoding token for token; the report counts them and lists
+differences."""
+
+import json
+
+import torch
+
+from draftsmith.config import with_defaults
+from draftsmith.drafter.config import drafter_config
+from draftsmith.drafter.model import Drafter
+from draftsmith.drafter.zlab import save_zlab
+from draftsmith.report import write_report
+from draftsmith.speculative.bench import run_bench
+
+
+def test_bf16_bench_reruns_prompts_in_fp32_and_reports_them(attention_target, tmp_path):
+    text = json.loads((attention_target / "config.json").read_text())
+    torch.manual_seed(0)
+    cfg = drafter_config(text, [1, 3], num_layers=1, num_target_layers=text["num_hidden_layers"],
+                         mask_token_id=text["vocab_size"] - 1, block_size=4)  # fmt: skip
+    save_zlab(Drafter(cfg), tmp_path / "drafter")
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [
+        json.dumps({"id": f"p{i}", "prompt": t}) for i, t in enumerate(["def main():", "import os", "x = 1"])
+    ]
+    prompts.write_text("\n".join(lines) + "\n")
+    bench = with_defaults("bench", {"max_new_tokens": 12, "methods": ["ar", "dflash"], "warmup": 0,
+                                    "fp32_check_prompts": 2})  # fmt: skip
+    out = tmp_path / "part.jsonl"
+    target_cfg = with_defaults("target", {"model": str(attention_target), "dtype": "bf16"})
+    run_bench(str(attention_target), str(tmp_path / "drafter"), prompts_path=str(prompts), part=0, parts=1,
+              out_path=str(out), bench=bench, dataset="d", gpus=0, target_cfg=target_cfg)  # fmt: skip
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    main = [r for r in records if "check" not in r]
+    checks = [r for r in records if r.get("check") == "fp32"]
+    assert {r["dtype"] for r in main} == {"bfloat16"} and len(main) == 6
+    assert [r["id"] for r in checks] == ["p0", "p1"] and all(r["exact"] for r in checks)
+    assert all(r["divergence"] is None for r in checks)
+
+    df = write_report([str(out)], tmp_path / "report")
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "fp32 check (target and drafter in fp32, DFlash): 2/2 prompts exact" in summary
+    assert "in bfloat16:" in summary and len(df) == 2  # the checks stay out of the tau table
+
+
+def test_no_fp32_rerun_where_the_bench_ran_in_fp32(attention_target, tmp_path):
+    from draftsmith.speculative.bench import fp32_check
+
+    bench = with_defaults("bench", {"fp32_check_prompts": 2})
+    rows = [{"dtype": "float32", "method": "dflash"}]
+    assert fp32_check("unused", "unused", [{}], dataset="d", part=0, parts=1, rows=rows, gpus=0,
+                      target_cfg={}, bench=bench, taps=[1]) == []  # fmt: skip
