@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 DFLASH_SPEC ?= dflash==0.1.0
 CORES ?= all
 
-.PHONY: setup slurm-deps demo demo-fp8 test test-unit lint clean
+.PHONY: setup slurm-deps demo demo-fp8 demo-sliding test test-unit lint clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ demo: setup
 demo-fp8: demo
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile configs/demo-fp8.yaml
 	@echo "done: results/fp8/bench/summary.md shows tau with fp8 storage next to bf16"
+
+demo-sliding: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile configs/demo-sliding.yaml
+	$(BIN)/python -m draftsmith.perf.zlab_parity --drafter results/sliding/drafter \
+		--dataset results/sliding/merged/manifest.json --target results/sliding/demo/target
 
 test: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -rs tests

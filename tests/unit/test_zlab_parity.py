@@ -9,6 +9,7 @@ from dflash import DFlashDraftModel
 from draftsmith.drafter.config import FULL, SLIDING, drafter_config
 from draftsmith.drafter.model import BlockLayout, Drafter, build_masks
 from draftsmith.drafter.zlab import save_zlab
+from draftsmith.perf.zlab_parity import TOLERANCE, zlab_block_logits
 from draftsmith.speculative.proposers import BlockDrafter
 
 V, H, TAPS, CTX = 96, 64, [0, 2, 3], 13  # a context longer than the window, so the window matters
@@ -18,7 +19,6 @@ CASES = {
     "sliding_and_full": {"layer_types": [SLIDING, SLIDING, FULL], "window": 6, "block": 8},
     "block_4": {"layer_types": [SLIDING, FULL], "window": 5, "block": 4},
 }
-TOL = 1e-4
 
 
 def _drafter(case: dict) -> Drafter:
@@ -59,14 +59,6 @@ def _inputs(model: Drafter):
     return ctx, embed, head, block
 
 
-def _reference_logits(ref, ctx, embed, head, block) -> torch.Tensor:
-    """z-lab's forward as its own generation loop calls it: context and block positions 0..CTX+B-1."""
-    positions = torch.arange(CTX + len(block))[None]
-    with torch.no_grad():
-        hidden = ref(position_ids=positions, noise_embedding=embed[block][None], target_hidden=ctx[None])
-    return hidden[0, 1:] @ head.T
-
-
 def test_zlab_class_loads_every_weight(pair):
     model, ref, info = pair
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -83,8 +75,8 @@ def test_inference_forward_equals_zlab(pair):
     ours = BlockDrafter(model, embed, head)
     ours.extend(ctx)
     got = ours.propose(int(block[0]))
-    want = _reference_logits(ref, ctx, embed, head, block)
-    assert (got - want).abs().max().item() <= TOL
+    want = zlab_block_logits(ref, ctx, block, embed=embed, head=head)
+    assert (got - want).abs().max().item() <= TOLERANCE
 
 
 def test_training_forward_equals_zlab(pair):
@@ -104,5 +96,5 @@ def test_training_forward_equals_zlab(pair):
             ctx, layout.ctx_pos, embed[block], CTX + torch.arange(B), build_masks(layout, model.cfg, False)
         )
     got = hidden[1:] @ head.T
-    want = _reference_logits(ref, ctx, embed, head, block)
-    assert (got - want).abs().max().item() <= TOL
+    want = zlab_block_logits(ref, ctx, block, embed=embed, head=head)
+    assert (got - want).abs().max().item() <= TOLERANCE
