@@ -24,6 +24,11 @@ from draftsmith.speculative.proposers import Proposer, ShorterBlock, load_block_
 from draftsmith.speculative.replay import ar_generate, replay, target_hidden, tau
 from draftsmith.target.load import eos_ids_of, load_configured_target
 
+# How a record's tau was measured (the report's `acceptance` column)
+EXACT_REPLAY = "exact replay"  # temperature 0: the target's greedy continuation, exact for any architecture
+REJECTION = "rejection sampling"  # temperature > 0, DFlash: the real loop with z-lab's acceptance rule
+ONE_SAMPLE = "one sampled continuation"  # temperature > 0 by replay: drafts matched against one target sample
+
 HYBRID_DDTREE_NOTE = (
     "no wall-clock: hybrid target (Gated DeltaNet layers run a recurrence along the sequence, so a tree "
     "cannot be verified in one forward with an ancestor mask); tau from exact replay"
@@ -43,7 +48,8 @@ def bench_prompt(
     methods = bench["methods"]
     max_new = int(bench["max_new_tokens"])
     temperature = float(bench["temperature"])
-    real = bool(bench["real_loop"]) and temperature <= 0
+    sampled = temperature > 0
+    real = bool(bench["real_loop"])
     block = drafter.block_size
     hybrid = is_hybrid(target)
     greedy = ar_generate(target, prompt_ids, max_new, stop_ids)
@@ -84,25 +90,80 @@ def bench_prompt(
         runs += [("ddtree", int(b)) for b in bench["ddtree_budgets"]]
     for method, budget in runs:
         rec: dict[str, Any] = {**base, "method": method, "budget": budget}
-        rec["committed"] = replay(drafter, tokens, hidden, len(prompt_ids), budget)
-        rec["tau"] = tau(rec["committed"])
         rec.update(seconds=None, out_tokens=None, lossless=None, split=None, real_committed=None, note=None)
-        if real and hybrid and budget is not None:
-            rec["note"] = HYBRID_DDTREE_NOTE
-        elif real:
-            out, committed = speculative_generate(
-                target, drafter, prompt_ids, max_new, taps, budget, stop_ids, timing=True
-            )
+        if sampled and real and budget is None:  # DFlash's reference acceptance needs the target's p
             rec.update(
-                seconds=out.seconds, out_tokens=len(out.tokens), split=out.split, real_committed=committed
+                _sampled_loop(target, drafter, prompt_ids, taps, bench=bench, stop_ids=stop_ids, seed=seed)
             )
-            rec["exact"] = out.tokens == greedy.tokens
-            rec["divergence"] = (
-                None if rec["exact"] else divergence(target, prompt_ids, greedy.tokens, out.tokens)
+        else:
+            committed = replay(drafter, tokens, hidden, len(prompt_ids), budget)
+            rec.update(
+                committed=committed, tau=tau(committed), acceptance=ONE_SAMPLE if sampled else EXACT_REPLAY
             )
-            rec["lossless"] = rec["exact"] or rec["divergence"]["tie"]
+            if real and not sampled and hybrid and budget is not None:
+                rec["note"] = HYBRID_DDTREE_NOTE
+            elif real and not sampled:
+                rec.update(
+                    _greedy_loop(target, drafter, prompt_ids, taps, budget=budget, bench=bench,
+                                 stop_ids=stop_ids, greedy=greedy.tokens)
+                )  # fmt: skip
         records.append(rec)
     return records
+
+
+def _greedy_loop(
+    target: nn.Module,
+    drafter: Proposer,
+    prompt_ids: Sequence[int],
+    taps: list[int],
+    *,
+    budget: int | None,
+    bench: dict,
+    stop_ids: Sequence[int],
+    greedy: list[int],
+) -> dict:
+    """The real loop at temperature 0: its wall clock, and whether its output is greedy decoding's."""
+    out, committed = speculative_generate(
+        target, drafter, prompt_ids, int(bench["max_new_tokens"]), taps, budget, stop_ids, timing=True
+    )
+    exact = out.tokens == greedy
+    diverged = None if exact else divergence(target, prompt_ids, greedy, out.tokens)
+    return {
+        "seconds": out.seconds,
+        "out_tokens": len(out.tokens),
+        "split": out.split,
+        "real_committed": committed,
+        "exact": exact,
+        "divergence": diverged,
+        "lossless": exact or diverged["tie"],
+    }
+
+
+def _sampled_loop(
+    target: nn.Module,
+    drafter: Proposer,
+    prompt_ids: Sequence[int],
+    taps: list[int],
+    *,
+    bench: dict,
+    stop_ids: Sequence[int],
+    seed: int,
+) -> dict:
+    """DFlash above temperature 0 as z-lab's reference measures it: drafts sampled from the drafter, kept by
+    rejection sampling against the target in the real loop; tau from those rounds."""
+    out, committed = speculative_generate(
+        target, drafter, prompt_ids, int(bench["max_new_tokens"]), taps, None, stop_ids, timing=True,
+        temperature=float(bench["temperature"]), generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    return {
+        "committed": committed,
+        "tau": tau(committed),
+        "acceptance": REJECTION,
+        "seconds": out.seconds,
+        "out_tokens": len(out.tokens),
+        "split": out.split,
+        "real_committed": committed,
+    }
 
 
 @torch.inference_mode()

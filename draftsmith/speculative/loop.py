@@ -36,6 +36,7 @@ from draftsmith.speculative.proposers import Proposer
 from draftsmith.speculative.replay import Generation
 from draftsmith.speculative.trees import Tree, ancestor_mask, build_tree, chain_tree, walk
 from draftsmith.target.layers import body, cache_kwarg, names_sliding_layers, sliding_window
+from draftsmith.target.sampling import pick
 from draftsmith.target.taps import capture
 
 
@@ -157,16 +158,22 @@ def speculative_generate(
     budget: int | None = None,
     stop_ids: Sequence[int] = (),
     timing: bool = False,
+    *,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> tuple[Generation, list[int]]:
-    """Greedy speculative decoding: DFlash (budget None) or DDTree (budget nodes, attention-only targets).
+    """Speculative decoding: DFlash (budget None) or DDTree (budget nodes, attention-only targets).
 
     Returns the generation (split: seconds in prefill / draft / verify / restore, synchronised when `timing`)
-    and the tokens committed per round. Lossless by construction: every committed token is the target's
-    argmax.
+    and the tokens committed per round. Lossless by construction: at temperature 0 every committed token is
+    the target's argmax; above it (DFlash) drafts are sampled from the drafter and accepted by rejection
+    sampling, as z-lab's reference does, so the output is distributed as the target's own samples.
     """
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
     hybrid = is_hybrid(target)
+    if temperature > 0 and budget is not None:
+        raise NotImplementedError("DDTree at temperature > 0 is measured by replay only")
     if hybrid and budget is not None:
         raise NotImplementedError(
             "DDTree verification needs tree attention; Gated DeltaNet layers run a recurrence over a "
@@ -191,14 +198,16 @@ def speculative_generate(
     window = sliding_window(target)
     by_kind = names_sliding_layers(target)  # else, with a window, every layer slides and takes one mask
     logits, hidden = _forward(target, prompt, positions=range(p), cache=cache, taps=taps)
-    tokens = prompt + [int(logits[-1].argmax())]
+    tokens = prompt + [int(pick(logits[-1], temperature, 1.0, generator))]
     drafter.reset()
     drafter.extend(hidden)
     committed: list[int] = []
     lap("prefill")
     while len(tokens) - p < max_new_tokens and tokens[-1] not in stops:
         n = len(tokens)
-        tree = _draft_tree(drafter, tokens[-1], budget=budget)
+        tree, draft_probs = _propose(
+            drafter, tokens[-1], budget=budget, temperature=temperature, gen=generator
+        )
         lap("draft")
         snap = snapshot_linear(cache) if hybrid else None
         mask = None
@@ -208,7 +217,7 @@ def speculative_generate(
         logits, hidden = _forward(
             target, tree.tokens, positions=positions, cache=cache, taps=taps, attention_mask=mask
         )
-        path, bonus = walk(tree, logits.argmax(-1).tolist())
+        path, bonus = _accept(tree, logits, draft_probs, temperature=temperature, gen=generator)
         lap("verify")
         _drop_rejected(target, cache, tree=tree, path=path, n=n, budget=budget, snap=snap, device=device)
         lap("restore")
@@ -219,6 +228,61 @@ def speculative_generate(
         lap("draft")
     sync_device(device)
     return Generation(tokens[p:], time.perf_counter() - start, split), committed
+
+
+def _propose(
+    drafter: Proposer, anchor: int, *, budget: int | None, temperature: float, gen: torch.Generator | None
+) -> tuple[Tree, torch.Tensor | None]:
+    """The round's drafts: argmax chain or DDTree at temperature 0, a sampled chain (and its q) above it."""
+    if temperature > 0:
+        return _sampled_chain(drafter, anchor, temperature=temperature, generator=gen)
+    return _draft_tree(drafter, anchor, budget=budget), None
+
+
+def _accept(
+    tree: Tree,
+    logits: torch.Tensor,
+    q: torch.Tensor | None,
+    *,
+    temperature: float,
+    gen: torch.Generator | None,
+) -> tuple[list[int], int]:
+    """The accepted path and the bonus: the target's argmax walk, or rejection sampling against q."""
+    if q is None:
+        return walk(tree, logits.argmax(-1).tolist())
+    p = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+    return rejection_walk(tree.tokens[1:], p, q, generator=gen)
+
+
+def _sampled_chain(
+    drafter: Proposer, anchor: int, *, temperature: float, generator: torch.Generator | None
+) -> tuple[Tree, torch.Tensor]:
+    """The round's block sampled position by position from the drafter's distributions q [B-1, V] (on the
+    CPU, where the generator draws), and q itself for the acceptance test."""
+    q = torch.softmax(drafter.propose(anchor).float().cpu() / temperature, dim=-1)
+    drafts = torch.multinomial(q, 1, generator=generator)[:, 0]
+    return chain_tree(drafts.tolist(), anchor), q
+
+
+def rejection_walk(
+    drafts: Sequence[int], p: torch.Tensor, q: torch.Tensor, *, generator: torch.Generator | None
+) -> tuple[list[int], int]:
+    """Speculative sampling's acceptance: draft i (drawn from q[i]) is kept with probability
+    min(1, p[i](d) / q[i](d)), where p[i] is the target's distribution after the prefix through node i; the
+    first rejected position draws its token from max(p[i] - q[i], 0), renormalised; with every draft kept the
+    bonus comes from p[len(drafts)]. The committed tokens are then distributed as the target's own samples.
+
+    Returns the accepted path of chain nodes (root first) and the bonus token, as `walk` does."""
+    path = [0]
+    for i, d in enumerate(drafts):
+        u = float(torch.rand((), generator=generator))
+        if u * float(q[i, d]) < float(p[i, d]):
+            path.append(i + 1)
+            continue
+        residual = (p[i] - q[i]).clamp_min(0)
+        row = residual if float(residual.sum()) > 0 else p[i]  # p == q leaves no residual: nothing to correct
+        return path, int(torch.multinomial(row, 1, generator=generator))
+    return path, int(torch.multinomial(p[len(drafts)], 1, generator=generator))
 
 
 def _draft_tree(drafter: Proposer, anchor: int, *, budget: int | None) -> Tree:

@@ -218,7 +218,8 @@ def test_export_round_trip_and_config(tmp_path):
     out = save_zlab(model, tmp_path / "d", torch.bfloat16)
     c = json.loads((out / "config.json").read_text())
     assert c["architectures"] == ["DFlashDraftModel"] and c["model_type"] == "qwen3"
-    assert c["dflash_config"] == {"mask_token_id": V - 1, "target_layer_ids": [0, 2]}
+    # block_size also under dflash_config: SGLang reads it there (docs/serving.md)
+    assert c["dflash_config"] == {"mask_token_id": V - 1, "target_layer_ids": [0, 2], "block_size": 4}
     assert c["block_size"] == 4 and c["num_target_layers"] == 4 and c["num_hidden_layers"] == 3
     assert c["layer_types"] == [SLIDING, SLIDING, FULL] and c["sliding_window"] == 16
     for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"):
