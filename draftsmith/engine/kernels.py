@@ -1,5 +1,6 @@
-"""Two fused Triton kernels for the one-token decode step of Gated DeltaNet layers, writing their states in
-place.
+"""The Triton decode kernels' wrappers (the kernels themselves are in triton_kernels.py): two for the
+one-token step of Gated DeltaNet layers, writing their states in place, and one for decode attention over each
+slot's own keys.
 
 Under a CUDA graph the slot cache's states must keep their addresses. fla's recurrent kernel writes the new
 recurrent state to a fresh tensor, so the graph path had to copy it back: for Qwen3.6-27B a 151 MB fp32 state

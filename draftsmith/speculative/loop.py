@@ -259,9 +259,9 @@ def _sampled_chain(
 ) -> tuple[Tree, torch.Tensor]:
     """The round's block sampled position by position from the drafter's distributions q [B-1, V] (on the
     CPU, where the generator draws), and q itself for the acceptance test."""
-    q = torch.softmax(drafter.propose(anchor).float().cpu() / temperature, dim=-1)
-    drafts = torch.multinomial(q, 1, generator=generator)[:, 0]
-    return chain_tree(drafts.tolist(), anchor), q
+    logits = drafter.propose(anchor).float().cpu()
+    drafts = pick(logits, temperature, 1.0, generator)
+    return chain_tree(drafts.tolist(), anchor), torch.softmax(logits / temperature, dim=-1)
 
 
 def rejection_walk(

@@ -1,8 +1,8 @@
 """The Triton decode kernels: how they are swapped into a model (everywhere) and what they compute (on a GPU).
 
 The kernels themselves only run on CUDA; on a GPU machine the last test compares them with the functions they
-replace. The GPU figures in the README come from `python -m draftsmith.perf.bench_regenerate`, which runs the
-same check first.
+replace. The GPU figures in docs/measurements.md come from `python -m draftsmith.perf.bench_regenerate`, which
+runs the same check first.
 """
 
 import pytest
