@@ -135,7 +135,7 @@ def _greedy_loop(
         "real_committed": committed,
         "exact": exact,
         "divergence": diverged,
-        "lossless": exact or diverged["tie"],
+        "lossless": exact or bool(diverged and diverged["tie"]),
     }
 
 
