@@ -27,7 +27,10 @@ from draftsmith.target.load import eos_ids_of, load_configured_target
 # How a record's tau was measured (the report's `acceptance` column)
 EXACT_REPLAY = "exact replay"  # temperature 0: the target's greedy continuation, exact for any architecture
 REJECTION = "rejection sampling"  # temperature > 0, DFlash: the real loop with z-lab's acceptance rule
-ONE_SAMPLE = "one sampled continuation"  # temperature > 0 by replay: drafts matched against one target sample
+NODE_SAMPLES = "target sample per node"  # temperature > 0, DDTree: the real loop walks one sample per node
+# temperature > 0 by replay: drafts matched against one sampled continuation; for DDTree the same in
+# distribution as a sample per node, for DFlash less than rejection sampling accepts
+ONE_SAMPLE = "one sampled continuation"
 
 HYBRID_DDTREE_NOTE = (
     "no wall-clock: hybrid target (Gated DeltaNet layers run a recurrence along the sequence, so a tree "
@@ -91,16 +94,17 @@ def bench_prompt(
     for method, budget in runs:
         rec: dict[str, Any] = {**base, "method": method, "budget": budget}
         rec.update(seconds=None, out_tokens=None, lossless=None, split=None, real_committed=None, note=None)
-        if sampled and real and budget is None:  # DFlash's reference acceptance needs the target's p
-            rec.update(
-                _sampled_loop(target, drafter, prompt_ids, taps, bench=bench, stop_ids=stop_ids, seed=seed)
+        if sampled and real and not (hybrid and budget is not None):  # the references need the target
+            looped = _sampled_loop(
+                target, drafter, prompt_ids, taps, budget=budget, bench=bench, stop_ids=stop_ids, seed=seed
             )
+            rec.update(looped)
         else:
             committed = replay(drafter, tokens, hidden, len(prompt_ids), budget)
             rec.update(
                 committed=committed, tau=tau(committed), acceptance=ONE_SAMPLE if sampled else EXACT_REPLAY
             )
-            if real and not sampled and hybrid and budget is not None:
+            if real and hybrid and budget is not None:
                 rec["note"] = HYBRID_DDTREE_NOTE
             elif real and not sampled:
                 rec.update(
@@ -145,20 +149,22 @@ def _sampled_loop(
     prompt_ids: Sequence[int],
     taps: list[int],
     *,
+    budget: int | None,
     bench: dict,
     stop_ids: Sequence[int],
     seed: int,
 ) -> dict:
-    """DFlash above temperature 0 as z-lab's reference measures it: drafts sampled from the drafter, kept by
-    rejection sampling against the target in the real loop; tau from those rounds."""
+    """Above temperature 0, as the references measure it, in the real loop: DFlash samples its drafts and
+    keeps them by rejection sampling, DDTree walks its tree down one target sample per node; tau from those
+    rounds."""
     out, committed = speculative_generate(
-        target, drafter, prompt_ids, int(bench["max_new_tokens"]), taps, None, stop_ids, timing=True,
+        target, drafter, prompt_ids, int(bench["max_new_tokens"]), taps, budget, stop_ids, timing=True,
         temperature=float(bench["temperature"]), generator=torch.Generator().manual_seed(seed),
     )  # fmt: skip
     return {
         "committed": committed,
         "tau": tau(committed),
-        "acceptance": REJECTION,
+        "acceptance": REJECTION if budget is None else NODE_SAMPLES,
         "seconds": out.seconds,
         "out_tokens": len(out.tokens),
         "split": out.split,

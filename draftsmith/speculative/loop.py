@@ -166,14 +166,13 @@ def speculative_generate(
 
     Returns the generation (split: seconds in prefill / draft / verify / restore, synchronised when `timing`)
     and the tokens committed per round. Lossless by construction: at temperature 0 every committed token is
-    the target's argmax; above it (DFlash) drafts are sampled from the drafter and accepted by rejection
-    sampling, as z-lab's reference does, so the output is distributed as the target's own samples.
+    the target's argmax. Above it, as the references do, DFlash samples its drafts and keeps them by rejection
+    sampling, and DDTree walks its tree down one target sample per node: either way the output is distributed
+    as the target's own samples.
     """
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
     hybrid = is_hybrid(target)
-    if temperature > 0 and budget is not None:
-        raise NotImplementedError("DDTree at temperature > 0 is measured by replay only")
     if hybrid and budget is not None:
         raise NotImplementedError(
             "DDTree verification needs tree attention; Gated DeltaNet layers run a recurrence over a "
@@ -233,8 +232,9 @@ def speculative_generate(
 def _propose(
     drafter: Proposer, anchor: int, *, budget: int | None, temperature: float, gen: torch.Generator | None
 ) -> tuple[Tree, torch.Tensor | None]:
-    """The round's drafts: argmax chain or DDTree at temperature 0, a sampled chain (and its q) above it."""
-    if temperature > 0:
+    """The round's drafts: the argmax chain (DFlash) or the tree (DDTree, at any temperature, as its reference
+    builds it); above temperature 0 DFlash samples its chain and returns its q for the acceptance test."""
+    if temperature > 0 and budget is None:
         return _sampled_chain(drafter, anchor, temperature=temperature, generator=gen)
     return _draft_tree(drafter, anchor, budget=budget), None
 
@@ -247,9 +247,12 @@ def _accept(
     temperature: float,
     gen: torch.Generator | None,
 ) -> tuple[list[int], int]:
-    """The accepted path and the bonus: the target's argmax walk, or rejection sampling against q."""
+    """The accepted path and the bonus: the walk down the target's argmax at temperature 0; above it,
+    rejection sampling against q (DFlash), or the walk down one target sample per node (DDTree's reference
+    rule)."""
     if q is None:
-        return walk(tree, logits.argmax(-1).tolist())
+        nxt = logits.argmax(-1) if temperature <= 0 else pick(logits.float().cpu(), temperature, 1.0, gen)
+        return walk(tree, nxt.tolist())
     p = torch.softmax(logits.float().cpu() / temperature, dim=-1)
     return rejection_walk(tree.tokens[1:], p, q, generator=gen)
 

@@ -9,7 +9,7 @@ from conftest import tiny_model
 from draftsmith.config import with_defaults
 from draftsmith.drafter.config import drafter_config
 from draftsmith.drafter.model import Drafter
-from draftsmith.speculative.bench import REJECTION, bench_prompt
+from draftsmith.speculative.bench import NODE_SAMPLES, REJECTION, bench_prompt
 from draftsmith.speculative.loop import rejection_walk, speculative_generate
 from draftsmith.speculative.proposers import BlockDrafter
 from draftsmith.speculative.replay import tau
@@ -63,13 +63,30 @@ def test_sampled_loop_runs_and_is_seeded(tiny_target):
     assert a.tokens == b.tokens and ca == cb and len(a.tokens) == 12 == sum(ca) + 1
 
 
+def test_sampled_ddtree_walks_one_target_sample_per_node(tiny_target):
+    """DDTree's reference at temperature > 0: the tree as at 0, then the target samples at every node."""
+    target, drafter, prompt = tiny_target
+    if any(t == "linear_attention" for t in target.config.layer_types):
+        return  # hybrid targets verify no trees (the bench replays them)
+    runs = [
+        speculative_generate(
+            target, drafter, prompt, 12, TAPS, 8, temperature=1.0, generator=torch.Generator().manual_seed(s)
+        )  # fmt: skip
+        for s in (1, 1, 2)
+    ]
+    assert runs[0][0].tokens == runs[1][0].tokens and len(runs[0][0].tokens) == 12 == sum(runs[0][1]) + 1
+    assert runs[0][0].tokens != runs[2][0].tokens  # the seed matters: it is sampling
+
+
 def test_bench_labels_how_tau_was_measured(tiny_target):
     target, drafter, prompt = tiny_target
     bench = with_defaults("bench", {"max_new_tokens": 10, "ddtree_budgets": [4], "temperature": 1.0})
     records = {r["method"]: r for r in bench_prompt(target, drafter, prompt, TAPS, bench)}
     assert records["dflash"]["acceptance"] == REJECTION and records["dflash"]["seconds"] is not None
     assert records["dflash"]["tau"] == tau(records["dflash"]["committed"])
-    assert records["ddtree"]["acceptance"] == "one sampled continuation"
+    hybrid = records["ddtree"]["hybrid"]  # a recurrence cannot verify a tree: replay, as DDTree's own rule
+    assert records["ddtree"]["acceptance"] == ("one sampled continuation" if hybrid else NODE_SAMPLES)
+    assert (records["ddtree"]["seconds"] is None) == hybrid
     greedy = {
         r["method"]: r for r in bench_prompt(target, drafter, prompt, TAPS, {**bench, "temperature": 0})
     }
