@@ -144,3 +144,22 @@ def test_presets_pass_the_schema_and_preflight(preset):
     validate(config, str(root / "workflow/schemas/config.schema.yaml"))
     assert preflight(config) == []
     assert config["data"]["regenerate"]["batch_size"] >= 1
+
+
+def test_jobs_run_with_snakemakes_interpreter_from_a_bare_shell(tmp_path, tokenizer):
+    """A user who runs .venv/bin/snakemake without activating the venv: every job still finds the project's
+    Python (before, a bare `python` was not found, or was one without draftsmith)."""
+    import os
+    import subprocess
+    import sys
+
+    config = make_workflow(tmp_path, tokenizer)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = "/usr/bin:/bin"  # no venv, no pyenv shims
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", str(tmp_path / "results" / "probe.json"), "--cores", "1",
+         "--configfile", str(config)],
+        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "results" / "probe.json").read_text())["target"]["num_layers"] == 8

@@ -1,9 +1,11 @@
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 from draftsmith.config import preflight, problems_message
@@ -16,6 +18,12 @@ if problems := preflight(config):
 
 
 RESULTS = config["results"]
+# Jobs call `python`: the interpreter snakemake itself runs under comes first on their PATH, so a run needs no
+# activated environment. With conda deployment the rule's environment is put before it and provides `python`.
+if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
+    shell.prefix(
+        f'set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"; '
+    )
 # GPUs of one node, fixed when the DAG is built: detected once per parse (nvidia-smi), or `node_gpus` when
 # snakemake runs on a login node and the jobs on GPU nodes (SLURM). Jobs take their devices from the pool.
 NODE_GPUS = (
