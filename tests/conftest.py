@@ -167,7 +167,7 @@ def job_counts(snakemake_output: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for line in snakemake_output.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
+        if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total" and not parts[0].endswith(":"):
             counts.setdefault(parts[0], int(parts[1]))
     return counts
 

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from draftsmith.config import section_arg
 from draftsmith.core.io import write_json, write_parquet
 from draftsmith.core.runtime import setup_logging
-from draftsmith.dataset.prepare import BadRecord, mask_token_uses, prepare
+from draftsmith.dataset.prepare import BadRecord, prepare
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,12 +21,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-json", required=True, help="the config's `data` section")
     p.add_argument("--out", required=True, help="samples.parquet")
     p.add_argument("--stats", required=True, help="stats.json")
-    p.add_argument(
-        "--mask-token-id", type=int, default=None, help="the configured drafter mask token, if any"
-    )
-    p.add_argument(
-        "--mask-key", default="target.mask_token_id", help="the config key it comes from (for the message)"
-    )
     args = p.parse_args(argv)
     setup_logging()
     cfg = section_arg(args.data_json, "data")
@@ -57,16 +51,6 @@ def main(argv: list[str] | None = None) -> None:
             stats.records,
             ", ".join(f"{k}: {v}" for k, v in sorted(stats.problems.items())),
         )
-    if args.mask_token_id is not None:
-        uses, first = mask_token_uses(samples, args.mask_token_id)
-        if uses:
-            raise SystemExit(
-                f"prepare: {args.mask_key} = {args.mask_token_id} is a token the data uses "
-                f"({tok.convert_ids_to_tokens(args.mask_token_id)!r}, {uses} times, first in sample "
-                f"{first}); the drafter's mask token must be an id real text never produces. Set it to an "
-                "unused id of this tokenizer, or to null (target) / auto (drafter) to pick a free row of the "
-                "padded vocabulary"
-            )
     write_parquet(samples, args.out)
     write_json(args.stats, vars(stats))
 

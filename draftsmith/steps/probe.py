@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from draftsmith.config import problems_message, resolve_taps, section_arg, target_problems
+from draftsmith.config import problems_message, resolve_taps, section_arg, target_problems, with_defaults
 from draftsmith.core.io import write_json
 from draftsmith.core.runtime import json_arg, setup_logging
 from draftsmith.target.files import text_config
@@ -19,9 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--extract-json", required=True, help="the config's `extract` section")
     p.add_argument("--taps-json", required=True, help="the config's `taps` section")
     p.add_argument("--max-length", type=int, required=True)
-    p.add_argument(
-        "--preflight-json", default=None, help="target, taps and drafter.mask_token_id, checked here"
-    )
+    p.add_argument("--preflight-json", default=None, help="target and taps, checked here")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     setup_logging()
@@ -30,7 +28,9 @@ def main(argv: list[str] | None = None) -> None:
         cfg = text_config(args.target, args.revision)
     except FileNotFoundError as e:
         raise SystemExit(f"probe: {e}") from None
-    if args.preflight_json and (problems := target_problems(json_arg(args.preflight_json), cfg)):
+    # the drafter's keys are checked by mask_check; here they stand at their defaults
+    checked = {"drafter": with_defaults("drafter"), **json_arg(args.preflight_json or "")}
+    if args.preflight_json and (problems := target_problems(checked, cfg)):
         raise SystemExit(problems_message(problems))
     taps = resolve_taps(cfg["num_hidden_layers"], taps_cfg)
     gpus = gpu_info()

@@ -303,13 +303,13 @@ def test_bad_config_stops_before_any_job_naming_the_key(setup, tmp_path, section
     assert not (tmp_path / "results").exists()
 
 
-def test_mask_token_that_the_data_uses_stops_prepare(setup, tmp_path, tokenizer):
+def test_mask_token_that_the_data_uses_stops_before_extraction(setup, tmp_path, tokenizer):
     """7. A mask token id that real text produces is refused once the data is tokenized, naming the key."""
     used = tokenizer.convert_tokens_to_ids("e")
     args = bad_config(setup, tmp_path, target={"mask_token_id": used})
-    proc = snakemake("prepare", *args, check=False)
+    proc = snakemake("mask_check", *args, check=False)
     assert proc.returncode != 0
-    log = (tmp_path / "results/logs/prepare.log").read_text()
+    log = (tmp_path / "results/logs/mask_check.log").read_text()
     assert f"target.mask_token_id = {used} is a token the data uses" in log and "Traceback" not in log
 
 

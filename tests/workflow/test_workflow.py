@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import digest, make_workflow, snakemake
+from conftest import digest, job_counts, make_workflow, snakemake
 
 from draftsmith.config import preflight
 
@@ -128,6 +128,38 @@ def test_whole_dag_to_report(small_run, tmp_path):
         assert (res / f"bench/{png}.png").stat().st_size > 1000
     snakemake("--report", str(tmp_path / "report.html"), *args)
     assert (tmp_path / "report.html").stat().st_size > 10_000
+    assert_drafter_train_bench_keys_rerun_only_downstream(cfg, tmp_path)
+
+
+# One other valid value for every key of the drafter, train and bench sections (the schema's keys, all of them:
+# a key added to the schema fails the test until it is listed here). `compare` and `datasets` name files.
+OTHER_VALUES = {
+    "drafter": {"num_layers": 2, "block_size": 3, "mask_token_id": 440, "layer_types": ["full_attention"],
+                "sliding_window": 16, "intermediate_size": 32},
+    "train": {"epochs": 2, "lr": 1e-3, "warmup_ratio": 0.1, "weight_decay": 0.01, "grad_clip": 0.5,
+              "anchors_per_seq": 4, "gamma": 3.0, "token_budget": 512, "seed": 1, "gpus": 2, "checkpoint_every": 7,
+              "dtype": "fp32", "heldout_fraction": 0.1, "max_steps": 3},
+    "bench": {"max_prompts": 2, "parts": 2, "max_new_tokens": 8, "block_size": 3, "ddtree_budgets": [4],
+              "temperature": 0.5, "methods": ["ar", "dflash"], "real_loop": False, "thinking": True, "warmup": 0,
+              "fp32_check_prompts": 1},
+}  # fmt: skip
+DOWNSTREAM = {"mask_check", "train", "export", "bench", "report", "all"}
+
+
+def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: Path) -> None:
+    """After a complete run, a change to any drafter, train or bench key plans no job that makes data."""
+    schema = yaml.safe_load((Path(__file__).parents[2] / "workflow/schemas/config.schema.yaml").read_text())
+    for section, values in OTHER_VALUES.items():
+        keys = set(schema["properties"][section]["properties"]) - {"compare", "datasets"}
+        assert set(values) == keys, (section, keys ^ set(values))
+        for key, value in values.items():
+            changed = {**cfg, section: {**cfg[section], key: value}}
+            if key == "layer_types":
+                changed["drafter"]["num_layers"] = 1
+            (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
+            out = snakemake("all", "-n", "--configfile", str(tmp_path / "changed.yaml")).stdout
+            planned = set(job_counts(out))
+            assert planned and planned <= DOWNSTREAM, (f"{section}.{key}", planned - DOWNSTREAM)
 
 
 @pytest.mark.parametrize(

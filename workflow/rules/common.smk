@@ -119,13 +119,13 @@ def preflight_json():
     keys = {
         "target": config["target"],
         "taps": config["taps"],
-        "drafter": {"mask_token_id": config["drafter"]["mask_token_id"]},
-    }
+    }  # the drafter's keys: mask_check
     return shlex.quote(json.dumps(keys, sort_keys=True))
 
 
 def mask_check_args():
-    """The configured mask token, which prepare refuses if the tokenized data uses it."""
+    """The configured mask token (the drafter's, else the preset's), which mask_check refuses if the tokenized
+    data uses it."""
     for key in ("drafter", "target"):
         mask = config[key].get("mask_token_id")
         if isinstance(mask, int):

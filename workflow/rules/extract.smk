@@ -36,10 +36,29 @@ rule prepare:
         target=target_path(),
         data=data_path(),
         cfg=as_json("data"),
-        mask=mask_check_args(),
     shell:
         "python -m draftsmith.steps.prepare --target {params.target} --data {params.data} --data-json {params.cfg}"
-        " {params.mask} --out {output.samples} --stats {output.stats} > {log} 2>&1"
+        " --out {output.samples} --stats {output.stats} > {log} 2>&1"
+
+
+# The drafter's mask token against the tokenized data. Extraction waits for it once (ancient: a rerun of this
+# check, after a mask key changed, recomputes nothing else).
+rule mask_check:
+    input:
+        unpack(target_input),
+        samples=rules.prepare.output.samples,
+    output:
+        json=f"{RESULTS}/prepared/mask_check.json",
+    log:
+        f"{RESULTS}/logs/mask_check.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    params:
+        target=target_path(),
+        mask=mask_check_args(),
+    shell:
+        "python -m draftsmith.steps.mask_check --target {params.target} --samples {input.samples} {params.mask}"
+        " --out {output.json} > {log} 2>&1"
 
 
 rule shard:
@@ -60,6 +79,7 @@ rule extract:
         unpack(target_input),
         shard=f"{RESULTS}/shards/{{shard}}.parquet",
         probe=ancient(rules.probe.output.json),
+        mask=ancient(rules.mask_check.output.json),
     output:
         shard=f"{RESULTS}/extract/{{shard}}.safetensors",
         manifest=f"{RESULTS}/extract/{{shard}}.json",
