@@ -14,7 +14,7 @@ from draftsmith.dataset.merge import MergedDataset
 from draftsmith.drafter.batches import load_batch, plan_epoch
 from draftsmith.drafter.config import DrafterConfig
 from draftsmith.drafter.loss import block_loss, position_weights
-from draftsmith.drafter.model import Drafter, build_masks
+from draftsmith.drafter.model import Drafter, build_masks, uses_flex
 
 if TYPE_CHECKING:
     from draftsmith.drafter.train import TrainingRun
@@ -48,7 +48,7 @@ def evaluate(
         batch = load_batch(ds, idx, EVAL_EPOCH, tcfg, cfg)
         first_labels.append(batch.labels.view(-1, B)[:, 1])
         batch = batch.to(device, dtype)
-        masks = build_masks(batch.layout, cfg, device.type == "cuda")
+        masks = build_masks(batch.layout, cfg, uses_flex(cfg, device))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             _, c, n = block_loss(model, embed, lm_head, batch, masks, pos_w)
         correct += c.cpu()

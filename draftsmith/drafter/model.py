@@ -209,6 +209,14 @@ def dense_mask(layout: BlockLayout, window: int | None) -> torch.Tensor:
     return mask_mod_for(layout, window)(0, 0, q, kv)
 
 
+FLEX_MIN_HEAD_DIM = 16  # FlexAttention's Triton kernels refuse smaller heads
+
+
+def uses_flex(cfg: DrafterConfig, device: torch.device) -> bool:
+    """Block-sparse FlexAttention masks on a GPU; dense masks on the CPU and for heads too small for flex."""
+    return device.type == "cuda" and cfg.head_dim >= FLEX_MIN_HEAD_DIM
+
+
 def build_masks(layout: BlockLayout, cfg: DrafterConfig, use_flex: bool) -> dict:
     """One mask per layer type present: FlexAttention block-sparse masks on GPU, dense bool tensors
     otherwise."""

@@ -35,7 +35,7 @@ from draftsmith.drafter.batches import load_batch, plan_epoch, split_indices
 from draftsmith.drafter.config import DrafterConfig, config_from_target
 from draftsmith.drafter.evaluate import _summarise, plot_curves
 from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
-from draftsmith.drafter.model import Drafter, build_masks
+from draftsmith.drafter.model import Drafter, build_masks, uses_flex
 from draftsmith.drafter.zlab import save_zlab
 from draftsmith.target.files import load_target_head
 
@@ -321,7 +321,7 @@ def _train_step(
     (the loss averaged): [loss, correct per position, count per position, tokens]."""
     cfg, device, opt = run.cfg, run.device, run.opt
     batch = load_batch(run.ds, idx, epoch, run.tcfg, cfg).to(device, run.dtype)
-    masks = build_masks(batch.layout, cfg, device.type == "cuda")
+    masks = build_masks(batch.layout, cfg, uses_flex(cfg, device))
     lr = lr_at(step, run.total, run.warmup, run.tcfg["lr"])
     for g in opt.param_groups:
         g["lr"] = lr

@@ -12,7 +12,7 @@ from draftsmith.dataset.shards import Sample
 from draftsmith.drafter.batches import make_batch, pick_anchors
 from draftsmith.drafter.config import DrafterConfig
 from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
-from draftsmith.drafter.model import BlockLayout, Drafter, build_masks
+from draftsmith.drafter.model import BlockLayout, Drafter, build_masks, uses_flex
 from draftsmith.perf.shapes import matmul_ceiling
 
 
@@ -86,7 +86,7 @@ def benchmark(
         anchors.append(pick_anchors(mask, anchors_per_seq, [seed, rank, len(samples)]))
     batch = make_batch(samples, anchors, cfg.block_size, cfg.mask_token_id).to(device, dtype)
     pos_w = position_weights(cfg.block_size, auto_gamma(cfg.block_size))
-    masks = build_masks(batch.layout, cfg, device.type == "cuda")
+    masks = build_masks(batch.layout, cfg, uses_flex(cfg, device))
     flops = step_flops(cfg, batch.layout, int((batch.labels >= 0).sum()))
     ceiling = matmul_ceiling(device)
 

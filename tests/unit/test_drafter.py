@@ -10,10 +10,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from draftsmith.config import with_defaults
 from draftsmith.dataset.shards import Sample
 from draftsmith.drafter.batches import make_batch
-from draftsmith.drafter.config import FULL, DrafterConfig, config_from_target, resolve_mask_token_id
-from draftsmith.drafter.loss import block_loss
-from draftsmith.drafter.model import SLIDING, BlockLayout, Drafter, build_masks, dense_mask
-from draftsmith.drafter.train import position_weights
+from draftsmith.drafter.config import FULL, SLIDING, DrafterConfig, config_from_target, resolve_mask_token_id
+from draftsmith.drafter.loss import block_loss, position_weights
+from draftsmith.drafter.model import BlockLayout, Drafter, build_masks, dense_mask, mask_mod_for
 from draftsmith.drafter.zlab import load_drafter, save_zlab
 from draftsmith.speculative.proposers import BlockDrafter, load_block_drafter
 from draftsmith.target.files import load_target_head
@@ -243,3 +242,30 @@ def test_export_round_trip_and_config(tmp_path):
     logits = bd.propose(7)
     assert logits.shape == (3, V) and torch.isfinite(logits).all()
     assert bd.block_size == 4 and bd.mask_token_id == V - 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's block masks are the GPU path")
+@pytest.mark.parametrize("layer_types,window", [(None, None), ([SLIDING, FULL], 3)])
+def test_flex_masks_equal_the_dense_ones_on_the_gpu(layer_types, window):
+    """Training on a GPU attends through FlexAttention block masks built from the same mask_mod: the same mask
+    element for element, and the same training forward as the dense masks of the CPU path."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    torch.manual_seed(0)
+    cfg = tiny_cfg(layer_types=layer_types or [], sliding_window=window, head_dim=16)  # flex needs d >= 16
+    dev = torch.device("cuda")
+    model = Drafter(cfg).to(dev)
+    samples = _toy_samples(3, 37, 2 * H, 2)
+    anchors = [torch.tensor([1, 9, 20]), torch.tensor([4, 30]), torch.tensor([2, 17, 33])]
+    batch = make_batch(samples, anchors, cfg.block_size, cfg.mask_token_id).to(dev, torch.float32)
+    lay = batch.layout
+    q, kv = lay.num_queries, lay.num_ctx + lay.num_queries
+    for kind_window in {window, None}:
+        flex = create_mask(mask_mod_for(lay, kind_window), None, None, q, kv, device=dev)[0, 0]
+        assert torch.equal(flex, dense_mask(lay, kind_window))
+    x = torch.randn(q, H, device=dev)
+    outs = [
+        model(batch.taps, lay.ctx_pos, x, batch.query_positions(), build_masks(lay, cfg, use_flex))
+        for use_flex in (False, True)
+    ]
+    torch.testing.assert_close(outs[1], outs[0], rtol=2e-3, atol=2e-3)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from draftsmith.config import with_defaults
 from draftsmith.core.io import write_json
@@ -195,8 +195,10 @@ def test_cli_train_then_export(toy, tmp_path):
         capture_output=True,
     )
     c = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    tok = AutoTokenizer.from_pretrained(toy["target"])
+    named = {"mask_token": tok.convert_ids_to_tokens(62)} if 62 < len(tok) else {}  # for SGLang's readers
     assert (
-        c["dflash_config"] == {"mask_token_id": 62, "target_layer_ids": TAPS}
+        c["dflash_config"] == {"mask_token_id": 62, "target_layer_ids": TAPS, "block_size": 4, **named}
         and c["torch_dtype"] == "bfloat16"
     )
     assert load_drafter(tmp_path / "drafter").fc.weight.dtype == torch.bfloat16
