@@ -23,7 +23,7 @@ import struct
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,9 +31,6 @@ import torch
 
 from draftsmith.config import content_hash
 from draftsmith.core.io import tmp_path
-
-if TYPE_CHECKING:
-    from draftsmith.dataset.extract import ExtractStats
 
 SHARD_FORMAT = "draftsmith-shard-v1"  # the format tag of a shard file and its manifest
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
@@ -260,7 +257,7 @@ def shard_manifest(
     taps: list[int],
     storage: str,
     checksum: str,
-    stats: ExtractStats,
+    stats: dict,
     regen_stats: Any,
     kernels: str,
 ) -> dict:
@@ -291,5 +288,5 @@ def shard_manifest(
         "sample_ids": samples["id"].tolist(),
         "sample_tokens": samples["num_tokens"].astype(int).tolist(),
         "checksum": checksum,
-        "stats": stats.as_dict(),
+        "stats": stats,
     }

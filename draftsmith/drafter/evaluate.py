@@ -3,9 +3,7 @@ run's summary and its training curves."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,9 +13,6 @@ from draftsmith.drafter.batches import load_batch, plan_epoch
 from draftsmith.drafter.config import DrafterConfig
 from draftsmith.drafter.loss import block_loss, position_weights
 from draftsmith.drafter.model import Drafter, build_masks, uses_flex
-
-if TYPE_CHECKING:
-    from draftsmith.drafter.train import TrainingRun
 
 EVAL_EPOCH = 1_000_000  # anchor seed of the held-out evaluation: fixed, and never a training epoch
 
@@ -65,33 +60,6 @@ def evaluate(
         "heldout_acc_1": acc[1],
         "frequency_baseline_1": baseline,
     }
-
-
-def _summarise(out: Path, run: TrainingRun) -> dict:
-    with (out / "metrics.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    losses = [float(r["loss"]) for r in rows]
-    tail = losses[-max(1, len(losses) // 10) :]
-    s: dict[str, Any] = {
-        "first_loss": losses[0] if losses else None,
-        "final_loss": losses[-1] if losses else None,
-        "final_loss_mean_last10pct": sum(tail) / len(tail) if tail else None,
-    }
-    s.update(
-        evaluate(
-            run.model,
-            run.embed,
-            lm_head=run.head,
-            ds=run.ds,
-            indices=run.held_idx,
-            tcfg=run.tcfg,
-            cfg=run.cfg,
-            device=run.device,
-            dtype=run.dtype,
-        )
-    )
-    s["drafter"] = run.cfg.to_json()
-    return s
 
 
 def plot_curves(metrics_csv: str | Path, png: str | Path) -> None:

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
 from draftsmith.drafter.batches import load_batch, plan_epoch, split_indices
 from draftsmith.drafter.config import DrafterConfig, config_from_target
-from draftsmith.drafter.evaluate import _summarise, plot_curves
+from draftsmith.drafter.evaluate import evaluate, plot_curves
 from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
 from draftsmith.drafter.model import Drafter, build_masks, uses_flex
 from draftsmith.drafter.zlab import save_zlab
@@ -412,3 +412,30 @@ def _finish(
 def clear_run(out_dir: str | Path) -> None:
     """Removes a previous run's checkpoints (a fresh start instead of a resume)."""
     shutil.rmtree(Path(out_dir) / "checkpoints", ignore_errors=True)
+
+
+def _summarise(out: Path, run: TrainingRun) -> dict:
+    with (out / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    losses = [float(r["loss"]) for r in rows]
+    tail = losses[-max(1, len(losses) // 10) :]
+    s: dict[str, Any] = {
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "final_loss_mean_last10pct": sum(tail) / len(tail) if tail else None,
+    }
+    s.update(
+        evaluate(
+            run.model,
+            run.embed,
+            lm_head=run.head,
+            ds=run.ds,
+            indices=run.held_idx,
+            tcfg=run.tcfg,
+            cfg=run.cfg,
+            device=run.device,
+            dtype=run.dtype,
+        )
+    )
+    s["drafter"] = run.cfg.to_json()
+    return s

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         taps=taps,
         storage=ecfg["storage"],
         checksum=checksum,
-        stats=stats,
+        stats=stats.as_dict(),
         regen_stats=regen_stats,
         kernels=kernels,
     )
