@@ -368,14 +368,12 @@ def fp32_check(
         for i, rec in enumerate(prompts[:count]):
             ids = prompt_ids_of(rec, models.tokenizer, thinking)
             greedy = ar_generate(models.target, ids, max_new, models.stop_ids)
-            out, _ = speculative_generate(
-                models.target, models.drafter, ids, max_new, taps, None, models.stop_ids
-            )
-            exact = out.tokens == greedy.tokens
+            real = _greedy_loop(models.target, models.drafter, ids, taps, budget=None, bench=bench,
+                                stop_ids=models.stop_ids, greedy=greedy.tokens)  # fmt: skip
             checks.append({
                 "dataset": dataset, "id": str(rec.get("id", part + i * parts)), "check": "fp32",
-                "method": "dflash", "dtype": "float32", "exact": exact,
-                "divergence": None if exact else divergence(models.target, ids, greedy.tokens, out.tokens),
+                "method": "dflash", "dtype": "float32", "exact": real["exact"],
+                "divergence": real["divergence"],
             })  # fmt: skip
     return checks
 
