@@ -44,11 +44,11 @@ demo: setup
 	@echo "done: see results/ (report: results/report.html)"
 
 demo-fp8: demo
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile configs/demo-fp8.yaml
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile config.yaml configs/demo-fp8.yaml
 	@echo "done: results/fp8/bench/summary.md shows tau with fp8 storage next to bf16"
 
 demo-sliding: setup
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile configs/demo-sliding.yaml
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile config.yaml configs/demo-sliding.yaml
 	$(BIN)/python -m draftsmith.perf.zlab_parity --drafter results/sliding/drafter \
 		--dataset results/sliding/merged/manifest.json --target results/sliding/demo/target
 

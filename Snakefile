@@ -4,7 +4,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# The demo's config.yaml is the run by default. A --configfile replaces it rather than being merged over it:
+# keys the file leaves out take the schema's defaults, never the demo's. To vary the demo, pass both files.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
 
 
 report: "workflow/report/workflow.rst"
@@ -12,6 +16,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/demo.smk"
+include: "workflow/rules/target.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/bench.smk"
@@ -23,3 +28,8 @@ rule all:
         rules.dataset.input,
         rules.export.output.drafter,
         rules.report.output,
+
+
+onsuccess:
+    if Path(rules.report.output.md).exists():
+        print(f"report: {report_command()}", file=sys.stderr)

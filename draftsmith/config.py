@@ -97,34 +97,42 @@ def content_hash(*parts: object) -> str:
 EXPECT_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size")
 
 
-def looks_local(model: str) -> bool:
-    """A hub id is `org/name`; anything else (absolute, relative, deeper) is meant as a directory on this
-    machine."""
-    return model.startswith(("/", ".", "~")) or model.count("/") != 1 or Path(model).exists()
-
-
 def model_problems(model: str) -> list[str]:
-    """target.model must be a directory with a config.json when it is a local path."""
-    if model == "demo" or not looks_local(model):
+    """target.model must be a directory with a config.json, or a .gguf file, when it is a local path."""
+    from draftsmith.target.files import is_hub_id
+
+    if model == "demo" or is_hub_id(model):
         return []
     path = Path(model).expanduser()
+    if model.endswith(".gguf"):
+        return [] if path.is_file() else [f"target.model: {model!r}: no such GGUF file"]
     if not path.is_dir():
         return [
             f"target.model: {model!r} does not exist (no such directory); give a local Hugging Face model "
-            "directory or a hub id such as Qwen/Qwen3-8B"
+            "directory, a .gguf file or a hub id such as Qwen/Qwen3-8B"
         ]
     if not (path / "config.json").exists():
         return [f"target.model: {model!r} has no config.json, so it is not a Hugging Face model directory"]
     return []
 
 
-def local_configs(model: str) -> tuple[dict, dict] | None:
-    """(config.json, its text part) of a local target, or None when it is not local or not there yet."""
-    path = Path(model).expanduser() / "config.json"
-    if model == "demo" or not path.exists():
+def parse_time_target(target: dict) -> Path | None:
+    """The target's directory when its files are on this machine already: a local directory, or a hub id in
+    the Hugging Face cache (read offline). None for the demo and GGUF files (built by a job) and for hub ids
+    not fetched yet (the probe and mask_check jobs check those, before any extraction)."""
+    from draftsmith.target.files import hub_snapshot, is_hub_id
+
+    model = target["model"]
+    if model == "demo" or model.endswith(".gguf"):
         return None
-    top = json.loads(path.read_text())
-    return top, top.get("text_config", top)
+    if is_hub_id(model):
+        try:
+            path = hub_snapshot(model, revision=target["revision"])
+        except FileNotFoundError:
+            return None
+    else:
+        path = Path(model).expanduser()
+    return path if (path / "config.json").exists() else None
 
 
 # Why no tap may read the last decoder layer: the engines capture each tap as the input of the next layer
@@ -181,14 +189,119 @@ def target_problems(config: dict, text_cfg: dict) -> list[str]:
     return problems
 
 
-def preflight(config: dict) -> list[str]:
-    """Every problem found without loading weights (local targets; hub targets are checked by the probe)."""
+def demo_problems(config: dict) -> list[str]:
+    """A real target with the demo's data or prompts: values a config left at the demo's and that nothing
+    builds for another model."""
     model = config["target"]["model"]
-    problems = model_problems(model)
-    if problems:
+    if model == "demo":
+        return []
+    problems = []
+    if config["data"]["path"] == "demo":
+        problems.append(
+            f"data.path: 'demo' (the default) is the demo's data, made only with the demo target, but "
+            f"target.model is {model!r}: set data.path to your records (.jsonl or .parquet: messages, "
+            "prompt/response, or prompts only with data.regenerate.enabled); `python -m draftsmith init` "
+            "writes a config with every such key"
+        )
+    for d in config["bench"]["datasets"]:
+        if d["path"] == "demo":
+            problems.append(
+                f"bench.datasets: {d['name']!r} has path 'demo' (the default: the demo's held-out prompts), "
+                f"but target.model is {model!r}: give your prompt files (see docs/configuration.md)"
+            )
+    return problems
+
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def made_by_a_job(path: str, config: dict) -> bool:
+    """A file under `results` is an output of the workflow (the demo's data), not the user's."""
+    return Path(path).resolve().is_relative_to(Path(config["results"]).resolve())
+
+
+def data_problems(config: dict) -> list[str]:
+    """The training records must exist before anything runs (a `datasets` name is read by prepare)."""
+    path = config["data"]["path"]
+    if path == "demo" or made_by_a_job(path, config) or Path(path).is_file():
+        return []
+    if Path(path).suffix in DATA_SUFFIXES:
+        return [f"data.path: {path}: no such file (put your records there, or point data.path at them)"]
+    return []
+
+
+def bench_problems(config: dict) -> list[str]:
+    """Every bench prompt file on this machine read through, so a bad line stops the run now, not after
+    training. Files a job makes (under `results`) and `datasets` names are read by the bench job."""
+    from draftsmith.dataset.prompts import prompt_file_problems
+
+    problems = []
+    for d in config["bench"]["datasets"]:
+        path, key = d["path"], f"bench.datasets[{d['name']}].path"
+        if path == "demo" or made_by_a_job(path, config):
+            continue
+        if Path(path).is_file():
+            problems += prompt_file_problems(path, key=key)
+        elif Path(path).suffix in DATA_SUFFIXES:
+            problems.append(f"{key}: {path}: no such file")
+    return problems
+
+
+def has_chat_template(target_dir: Path) -> bool:
+    """Whether the saved tokenizer brings a chat template (in its config, or as a file beside it)."""
+    if (target_dir / "chat_template.jinja").exists() or (target_dir / "chat_template.json").exists():
+        return True
+    tok_cfg = target_dir / "tokenizer_config.json"
+    return tok_cfg.exists() and bool(json.loads(tok_cfg.read_text()).get("chat_template"))
+
+
+def template_problems(config: dict, target_dir: Path) -> list[str]:
+    """Base models and converted checkpoints often have no chat template: the user names one or says none."""
+    from draftsmith.target.load import NAMED_TEMPLATES
+
+    setting = config["target"]["chat_template"]
+    if setting is None:
+        if has_chat_template(target_dir):
+            return []
+        return [
+            f"target.chat_template: {config['target']['model']!r} has no chat template (a base model or a "
+            "converted checkpoint). Set target.chat_template to a Jinja file of its family's template, to "
+            "`chatml` (for tokenizers with <|im_start|>/<|im_end|>), or to `plain` (no template: prompt and "
+            "answer concatenated, as base models are trained)"
+        ]
+    if setting not in NAMED_TEMPLATES and not Path(setting).expanduser().is_file():
+        return [f"target.chat_template: {setting!r} is neither {', '.join(NAMED_TEMPLATES)} nor a file"]
+    return []
+
+
+def mask_problems(config: dict, target_dir: Path, notes: list[str]) -> list[str]:
+    """The mask token settled now (`target.mask.settle_mask_token`), or a stop that names candidates."""
+    from draftsmith.target.mask import no_mask_message, settle_mask_token
+
+    choice = settle_mask_token(target_dir, config["target"], config["drafter"]["mask_token_id"])
+    if choice.token_id is None:
+        return [no_mask_message(choice)]
+    notes.append(f"mask token {choice.token_id}: {choice.reason}")
+    return []
+
+
+def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
+    """Every problem found without loading weights: at parse time for targets whose files are here (local, or
+    cached from the hub); the probe and mask_check jobs repeat the target checks for the others. `notes`
+    collects the choices made (the mask token)."""
+    notes = [] if notes is None else notes
+    problems = model_problems(config["target"]["model"]) + demo_problems(config)
+    problems += data_problems(config) + bench_problems(config)
+    target_dir = None if problems else parse_time_target(config["target"])
+    if target_dir is None:
         return problems
-    cfgs = local_configs(model)
-    return target_problems(config, cfgs[1]) if cfgs else []
+    problems += target_problems(config, text_config_of(target_dir)) + template_problems(config, target_dir)
+    return problems or mask_problems(config, target_dir, notes)
+
+
+def text_config_of(target_dir: Path) -> dict:
+    top = json.loads((target_dir / "config.json").read_text())
+    return top.get("text_config", top)
 
 
 def problems_message(problems: list[str]) -> str:

@@ -173,18 +173,40 @@ def job_counts(snakemake_output: str) -> dict[str, int]:
 
 
 def make_workflow(root: Path, tokenizer, records: int = 24, **sections) -> Path:
-    """A tiny hybrid target, `records` prompt/response records of demo text and a config.yaml using them."""
+    """A tiny hybrid target, `records` prompt/response records of demo text, three bench prompts, and a
+    config.yaml using them (standing alone: what it leaves out takes the schema's defaults)."""
 
     build_target(root / "target", tokenizer, "hybrid", layers=8, hidden=32)
     texts = [read_text(p) for p in split_files()[0][:records]]
     with open(root / "data.jsonl", "w") as f:
         for i, t in enumerate(texts):
             f.write(json.dumps({"id": f"r{i}", "prompt": t[:120], "response": t[120 : 200 + 8 * i]}) + "\n")
+    prompts = [{"id": f"p{i}", "prompt": t} for i, t in enumerate(["def main():", "import os\n", "class A:"])]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
     cfg = {
         "results": str(root / "results"),
         "target": {"model": str(root / "target")},
-        "data": {"path": str(root / "data.jsonl"), "max_length": 128},
+        "data": {"path": str(root / "data.jsonl"), "max_length": 128, "regenerate": {"enabled": True}},
+        "bench": {"datasets": [{"name": "tiny", "path": str(root / "prompts.jsonl")}]},
         **sections,
     }
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
     return root / "config.yaml"
+
+
+def hub_cache(cache: Path, repo_id: str, model_dir: Path, commit: str = "0" * 39 + "1") -> Path:
+    """`model_dir` laid out in `cache` exactly as huggingface_hub lays a download out: content-addressed
+    blobs, a snapshot per commit of relative links to them, and `refs/main` naming the commit. With
+    HF_HUB_CACHE=cache and HF_HUB_OFFLINE=1 the hub id resolves to that snapshot, with no network."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    for f in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        rel = f.relative_to(model_dir)
+        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        blob.write_bytes(f.read_bytes())
+        link = repo / "snapshots" / commit / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit

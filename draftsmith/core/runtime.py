@@ -32,10 +32,19 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    """A config's dtype name; `auto` is bf16 on a GPU and fp32 on the CPU."""
+def cpu_computes_bf16() -> bool:
+    """AVX512-BF16 or AMX: the CPU multiplies bf16 natively (elsewhere bf16 is emulated, slower than fp32)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def resolve_dtype(name: str | None, device: torch.device, *, exact: bool = False) -> torch.dtype:
+    """A config's dtype name. `auto` is bf16 on a GPU, and on a CPU that computes it natively, for the steps
+    whose results are checked with a tolerance (extraction, regeneration, training); `exact` steps (the
+    bench's losslessness check) keep fp32 on the CPU."""
     if name in ("auto", None):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or (cpu_computes_bf16() and not exact):
+            return torch.bfloat16
+        return torch.float32
     return {
         "bf16": torch.bfloat16,
         "bfloat16": torch.bfloat16,

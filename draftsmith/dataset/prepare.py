@@ -128,10 +128,20 @@ def render(tokenizer, messages: list[dict], thinking: bool, add_generation_promp
         raise BadRecord(f"the chat template rejects this conversation ({type(e).__name__}: {e})") from None
 
 
-def tokenize_chat(tokenizer, messages: list[dict], thinking: bool) -> tuple[list[int], list[int], int]:
-    """Token ids, loss mask (assistant turns) and the token where the last assistant turn starts."""
+def tokenize_chat(
+    tokenizer, messages: list[dict], thinking: bool, *, answer_to_come: bool = False
+) -> tuple[list[int], list[int], int]:
+    """Token ids, loss mask (assistant turns) and the token where the last assistant turn starts.
+
+    `answer_to_come` (regeneration on): a conversation that ends with a user turn is a prompt whose answer
+    the target will write; it ends with the generation prompt and `prompt_len` is its length."""
+    if messages[-1]["role"] != "assistant" and answer_to_come:
+        return tokenize_prompt(tokenizer, messages, thinking)
     if not any(m["role"] == "assistant" for m in messages):
-        raise BadRecord("no assistant turn to train on")
+        raise BadRecord(
+            "no assistant turn to train on (records with only a prompt are accepted when "
+            "data.regenerate.enabled is true: the target then writes the answers)"
+        )
     full = render(tokenizer, messages, thinking)
     spans = []
     for j, m in enumerate(messages):
@@ -162,6 +172,24 @@ def tokenize_chat(tokenizer, messages: list[dict], thinking: bool) -> tuple[list
     return ids, mask, prompt_len
 
 
+def tokenize_prompt(tokenizer, messages: list[dict], thinking: bool) -> tuple[list[int], list[int], int]:
+    """A conversation to be answered: the template's generation prompt closes it; earlier assistant turns
+    keep their loss mask."""
+    if tokenizer.chat_template is None:
+        text = render(tokenizer, messages, thinking)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return ids, [0] * len(ids), len(ids)
+    full, mask, _ = (
+        tokenize_chat(tokenizer, messages, thinking)
+        if any(m["role"] == "assistant" for m in messages)
+        else ([], [], 0)
+    )
+    text = render(tokenizer, messages, thinking, add_generation_prompt=True)
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    keep = mask if ids[: len(full)] == full else []
+    return ids, keep + [0] * (len(ids) - len(keep)), len(ids)
+
+
 def prepare(
     path: str,
     tokenizer,
@@ -170,8 +198,11 @@ def prepare(
     on_bad_record: str = "error",
     max_samples: int | None = None,
     split: str = "train",
+    *,
+    regenerate: bool = False,
 ) -> tuple[pd.DataFrame, PrepareStats]:
-    """Reads and tokenizes every record; returns one row per sample and the counts for the report."""
+    """Reads and tokenizes every record; returns one row per sample and the counts for the report.
+    With `regenerate`, prompt-only records are samples too: the target writes their answers."""
     stats = PrepareStats()
     rows = []
     seen: dict[str, str] = {}
@@ -185,7 +216,7 @@ def prepare(
             sid = str(rec["id"]) if rec.get("id") is not None else f"{Path(source).stem}:{line}"
             if sid in seen:
                 raise BadRecord(f"duplicate id {sid!r} (first at {seen[sid]})")
-            ids, mask, prompt_len = tokenize_chat(tokenizer, msgs, thinking)
+            ids, mask, prompt_len = tokenize_chat(tokenizer, msgs, thinking, answer_to_come=regenerate)
         except BadRecord as e:
             if on_bad_record == "skip":
                 stats.skip(str(e))
@@ -196,8 +227,12 @@ def prepare(
         if len(ids) > max_length:
             stats.truncated += 1
             ids, mask = ids[:max_length], mask[:max_length]
-        if sum(mask) == 0:
-            msg = f"no assistant token left within max_length={max_length}"
+        if (prompt_len >= max_length) if regenerate else sum(mask) == 0:
+            msg = (
+                f"the prompt fills max_length={max_length}: no room for an answer"
+                if regenerate
+                else f"no assistant token left within max_length={max_length}"
+            )
             if on_bad_record == "skip":
                 stats.skip(msg)
                 continue

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from draftsmith.target.files import text_fields
+from draftsmith.target.mask import MaskChoice, choose_mask_token, eos_ids_on_disk, no_mask_message
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -58,37 +59,30 @@ def rope_theta_of(cfg: dict) -> float:
     return float(theta or 1e6)
 
 
-def padded_vocab_gap(target_dir: str | Path | None, vocab_size: int) -> int | None:
-    """First id of the embedding table that the tokenizer never produces (the padding rows), if any."""
-    if target_dir is None:
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        n = len(AutoTokenizer.from_pretrained(str(target_dir)))
-    except Exception:  # no tokenizer saved with the target
-        return None
-    return n if n < vocab_size else None
-
-
 def resolve_mask_token_id(setting: object, preset: int | None, vocab_size: int, target_dir=None) -> int:
-    """Config value, else the preset's (the id z-lab's drafters use), else an unused row of the padded
-    vocab."""
+    """Config value, else the preset's (the id z-lab's drafters use), else the target tokenizer's free id
+    (`target.mask.choose_mask_token`: a padding row, or a special token nothing uses)."""
     if setting not in (None, "auto"):
         mid = int(str(setting))
     elif preset is not None:
         mid = int(preset)
     else:
-        gap = padded_vocab_gap(target_dir, vocab_size)
-        if gap is None:
-            raise ValueError(
-                "no mask token: set drafter.mask_token_id, use a preset that defines one, or use a target "
-                f"whose vocabulary ({vocab_size} rows) has padding rows the tokenizer never emits"
-            )
-        mid = gap
+        choice = _free_id(target_dir, vocab_size)
+        if choice.token_id is None:
+            raise ValueError(no_mask_message(choice))
+        mid = choice.token_id
     if not 0 <= mid < vocab_size:
         raise ValueError(f"mask_token_id {mid} outside the target's vocabulary of {vocab_size}")
     return mid
+
+
+def _free_id(target_dir: str | Path | None, vocab_size: int) -> MaskChoice:
+    if target_dir is None or not (Path(target_dir) / "tokenizer_config.json").exists():
+        return MaskChoice(None, f"the target has no tokenizer saved to choose from ({vocab_size} rows)")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    return choose_mask_token(tok, vocab_size, eos_ids_on_disk(Path(target_dir)))
 
 
 def drafter_config(

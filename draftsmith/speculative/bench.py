@@ -18,7 +18,8 @@ from draftsmith.config import content_hash
 from draftsmith.core import faults
 from draftsmith.core.gpu_pool import acquire
 from draftsmith.core.io import tmp_path, write_jsonl
-from draftsmith.dataset.prepare import iter_records, render
+from draftsmith.dataset.prepare import render
+from draftsmith.dataset.prompts import prompt_messages, read_prompts
 from draftsmith.speculative.loop import is_hybrid, speculative_generate
 from draftsmith.speculative.proposers import Proposer, ShorterBlock, load_block_drafter
 from draftsmith.speculative.replay import ar_generate, replay, target_hidden, tau
@@ -192,18 +193,8 @@ def divergence(target: nn.Module, prompt_ids: Sequence[int], greedy: list[int], 
 
 
 def prompt_ids_of(record: dict, tokenizer, thinking: bool) -> list[int]:
-    """A chat record (trailing assistant turns dropped) through the chat template, or a plain `prompt`
-    string."""
-
-    if record.get("messages") is not None:
-        msgs = list(
-            record["messages"].tolist() if hasattr(record["messages"], "tolist") else record["messages"]
-        )
-        msgs = [{"role": m["role"], "content": m["content"]} for m in msgs]
-        while msgs and msgs[-1]["role"] == "assistant":
-            msgs.pop()
-    else:
-        msgs = [{"role": "user", "content": record["prompt"]}]
+    """A prompt record (any shape `dataset.prompts` accepts) through the chat template."""
+    msgs = prompt_messages(record)
     if tokenizer.chat_template is None:
         return tokenizer(render(tokenizer, msgs, thinking), add_special_tokens=True)["input_ids"]
     text = render(tokenizer, msgs, thinking, add_generation_prompt=True)
@@ -390,7 +381,7 @@ class _Models:
 
 def _my_prompts(prompts_path: str, bench: dict, *, part: int, parts: int) -> list[dict]:
     """This part's share of the prompt file (every `parts`-th readable record, after the max_prompts cut)."""
-    records = [rec for _, _, rec in iter_records(prompts_path) if not isinstance(rec, Exception)]
+    records = read_prompts(prompts_path)  # a bad line stops the job naming FILE:LINE (preflight checks first)
     if bench["max_prompts"]:
         records = records[: int(bench["max_prompts"])]
     return records[part::parts]
@@ -413,7 +404,8 @@ def _load_models(
 ) -> _Models:
     """The target on the pool's devices and the drafter beside it, cut to bench.block_size when that is
     set."""
-    target, tokenizer, device = load_configured_target(target_dir, devices, target_cfg)
+    # exact: on the CPU the bench runs in fp32, so that its real loop is checked against greedy bit for bit
+    target, tokenizer, device = load_configured_target(target_dir, devices, target_cfg, exact=True)
     drafter: Proposer = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
     if bench["block_size"]:
         drafter = ShorterBlock(drafter, int(bench["block_size"]))

@@ -9,11 +9,12 @@ import json
 from draftsmith.config import section_arg
 from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.speculative.bench import run_bench
+from draftsmith.target.files import resolve_target
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--target", required=True, help="target model directory")
+    ap.add_argument("--target", required=True, help="target: model directory, hub id or fetched lock file")
     ap.add_argument("--drafter", required=True, help="exported drafter directory (z-lab format)")
     ap.add_argument("--prompts", required=True, help="prompt records, .jsonl or .parquet")
     ap.add_argument("--dataset", default=None, help="name in the report (default: the prompt file's stem)")
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     set_threads(a.threads)
     taps = json.loads(a.taps_json) if a.taps_json else None
     n = run_bench(
-        a.target,
+        str(resolve_target(a.target)),
         a.drafter,
         prompts_path=a.prompts,
         part=a.part,

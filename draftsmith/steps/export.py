@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-from transformers import AutoTokenizer
 
+from draftsmith.config import section_arg
 from draftsmith.drafter.zlab import export
-from draftsmith.target.files import load_target_head
+from draftsmith.target.files import load_target_head, resolve_target
+from draftsmith.target.load import load_tokenizer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -19,11 +20,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--target", required=True, help="target model directory (checked for the embedding/LM head)"
     )
+    p.add_argument("--target-json", default="{}", help="the config's target section (trust_remote_code)")
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     a = p.parse_args(argv)
-    load_target_head(a.target)  # fail now, not at serving time, if the target lacks what the drafter borrows
-    print(export(a.train_dir, a.out, DTYPES[a.dtype], tokenizer=AutoTokenizer.from_pretrained(a.target)))
+    target = resolve_target(a.target)
+    load_target_head(target)  # fail now, not at serving time, if the target lacks what the drafter borrows
+    tokenizer = load_tokenizer(target, section_arg(a.target_json, "target"))
+    print(export(a.train_dir, a.out, DTYPES[a.dtype], tokenizer=tokenizer))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from draftsmith.dataset.plan import check_disk_space, planned_tokens
 from draftsmith.dataset.regenerate import regenerate_shard
 from draftsmith.dataset.shards import shard_manifest
 from draftsmith.engine.memory import NoRoomForAnswers
+from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
 from draftsmith.target.load import load_configured_target
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
     tapcfg, ecfg = section_arg(args.taps_json, "taps"), section_arg(args.extract_json, "extract")
     out, plan, samples = Path(args.out), read_json(args.probe), read_samples(args.shard)
+    target_dir = resolve_target(args.target)
     try:  # before any GPU work: a full disk is a message now, not a crash hours in
         need = check_disk_space(
             out,
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.info("disk: the shard needs about %.3f GB", need / 1e9)
 
     with acquire(plan["gpus_per_copy"]) as devices:
-        model, tok, _ = load_configured_target(args.target, devices, tcfg)
+        model, tok, _ = load_configured_target(target_dir, devices, tcfg)
         kernels = report_kernels(model)
         taps = resolve_taps(model.config.get_text_config().num_hidden_layers, tapcfg)
         regen_stats = None
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         out,
         samples,
         model=model,
-        model_path=args.target,
+        model_path=str(target_dir),
         target=tcfg,
         data=dcfg,
         taps=taps,

@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 
-from transformers import AutoTokenizer
-
 from draftsmith.config import section_arg
 from draftsmith.core.io import write_json, write_parquet
 from draftsmith.core.runtime import setup_logging
 from draftsmith.dataset.prepare import BadRecord, prepare
+from draftsmith.target.files import resolve_target
+from draftsmith.target.load import load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--target", required=True, help="model directory or hub id (for its tokenizer)")
-    p.add_argument("--revision", default=None)
+    p.add_argument("--target", required=True, help="model directory, hub id or fetched lock file (tokenizer)")
+    p.add_argument("--target-json", default="{}", help="the config's target section (chat template)")
     p.add_argument("--data", required=True, help="JSONL/Parquet path or a `datasets` name")
     p.add_argument("--data-json", required=True, help="the config's `data` section")
     p.add_argument("--out", required=True, help="samples.parquet")
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     setup_logging()
     cfg = section_arg(args.data_json, "data")
-    tok = AutoTokenizer.from_pretrained(args.target, revision=args.revision)
+    tok = load_tokenizer(resolve_target(args.target), section_arg(args.target_json, "target"))
     try:
         samples, stats = prepare(
             args.data,
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
             cfg["on_bad_record"],
             cfg["max_samples"],
             cfg["split"],
+            regenerate=bool(cfg["regenerate"]["enabled"]),
         )
     except BadRecord as e:
         raise SystemExit(f"prepare: bad input: {e}") from None

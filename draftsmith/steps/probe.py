@@ -8,14 +8,13 @@ import logging
 from draftsmith.config import problems_message, resolve_taps, section_arg, target_problems, with_defaults
 from draftsmith.core.io import write_json
 from draftsmith.core.runtime import json_arg, setup_logging
-from draftsmith.target.files import text_config
+from draftsmith.target.files import resolve_target, text_config
 from draftsmith.target.placement import activation_bytes_per_token, decide, gpu_info, target_bytes
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--target", required=True, help="model directory or hub id")
-    p.add_argument("--revision", default=None)
+    p.add_argument("--target", required=True, help="model directory, hub id or fetched lock file")
     p.add_argument("--extract-json", required=True, help="the config's `extract` section")
     p.add_argument("--taps-json", required=True, help="the config's `taps` section")
     p.add_argument("--max-length", type=int, required=True)
@@ -25,7 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     ext, taps_cfg = section_arg(args.extract_json, "extract"), section_arg(args.taps_json, "taps")
     try:
-        cfg = text_config(args.target, args.revision)
+        target = resolve_target(args.target)
+        cfg = text_config(target)
     except FileNotFoundError as e:
         raise SystemExit(f"probe: {e}") from None
     # the drafter's keys are checked by mask_check; here they stand at their defaults
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(problems_message(problems))
     taps = resolve_taps(cfg["num_hidden_layers"], taps_cfg)
     gpus = gpu_info()
-    weights, source = target_bytes(args.target, args.revision)
+    weights, source = target_bytes(target)
     budget = ext["token_budget"]
     decision = decide(
         gpus,

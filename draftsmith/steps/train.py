@@ -7,29 +7,37 @@ import sys
 
 from draftsmith.config import section_arg
 from draftsmith.drafter.train import run
+from draftsmith.target.files import resolve_target
+from draftsmith.target.mask import no_mask_message, settle_mask_token
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dataset", required=True, help="merged manifest.json")
-    p.add_argument("--target", required=True, help="target model directory (config + safetensors)")
+    p.add_argument("--target", required=True, help="target: model directory, hub id or fetched lock file")
     p.add_argument(
         "--out", required=True, help="output directory: final/, metrics.csv, curves.png, summary.json"
     )
     p.add_argument("--drafter-json", default="{}", help="the config's `drafter` section as JSON")
     p.add_argument("--train-json", default="{}", help="the config's `train` section as JSON")
-    p.add_argument("--preset-mask-token-id", type=int, default=None)
+    p.add_argument("--target-json", default="{}", help="the config's `target` section (mask token, template)")
     a = p.parse_args(argv)
+    target = resolve_target(a.target)
+    drafter = section_arg(a.drafter_json, "drafter")
+    choice = settle_mask_token(target, section_arg(a.target_json, "target"), drafter["mask_token_id"])
+    if choice.token_id is None:
+        sys.exit(f"train: {no_mask_message(choice)}")
+    print(f"mask token {choice.token_id}: {choice.reason}", file=sys.stderr)
     sys.exit(
         run(
             __spec__.name if __spec__ else "draftsmith.steps.train",
             sys.argv[1:] if argv is None else argv,
             a.dataset,
-            a.target,
+            str(target),
             a.out,
-            section_arg(a.drafter_json, "drafter"),
+            {**drafter, "mask_token_id": choice.token_id},
             section_arg(a.train_json, "train"),
-            a.preset_mask_token_id,
+            None,
         )
     )
 

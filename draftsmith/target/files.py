@@ -1,5 +1,5 @@
-"""The target's files without loading the model: config.json fields (local directory or hub), and the
-embedding and LM head tensors the drafter borrows frozen."""
+"""The target's files without loading the model: where they are (a local directory, or a snapshot in the
+Hugging Face cache), config.json fields, and the embedding and LM head tensors the drafter borrows frozen."""
 
 from __future__ import annotations
 
@@ -8,32 +8,68 @@ from pathlib import Path
 
 import torch
 
+# What a Transformers load reads from a hub snapshot: configs, tokenizer files, safetensors weights, remote
+# code. Not pickled .bin copies, GGUF files or a repository's `original/` checkpoint (often as large again).
+SNAPSHOT_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py", "*.tiktoken")
+SNAPSHOT_IGNORE = ("original/*", "*.bin", "*.gguf", "*.pth", "*.pt")
 
-def model_file(model: str, name: str, revision: str | None = None) -> Path | None:
-    """A small file of the target (config, safetensors index) from a local dir or the hub cache / hub."""
-    local = Path(model) / name
-    if Path(model).is_dir():
-        return local if local.exists() else None
+
+def is_hub_id(model: str) -> bool:
+    """A hub id is `org/name` that is not a path on this machine; "demo" and `.gguf` files are local."""
+    if model == "demo" or model.startswith(("/", ".", "~")) or model.count("/") != 1:
+        return False
+    return not Path(model).exists()
+
+
+def hub_snapshot(repo_id: str, *, revision: str | None = None, download: bool = False) -> Path:
+    """The snapshot directory of `repo_id` at `revision` in this machine's Hugging Face cache (HF_HOME,
+    HF_HUB_CACHE). Only `download` may reach the hub, and not under HF_HUB_OFFLINE=1."""
+    from huggingface_hub import snapshot_download
+
     try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:
-        return None
-    try:
-        return Path(hf_hub_download(model, name, revision=revision))
-    except Exception:  # offline, gated, or simply absent (e.g. single-file checkpoints have no index)
-        return None
-
-
-def text_config(model: str, revision: str | None = None) -> dict:
-    """The text model's config.json fields (multimodal checkpoints keep them under `text_config`)."""
-    path = model_file(model, "config.json", revision)
-    if path is None:
-        raise FileNotFoundError(
-            f"target.model {model!r}: no config.json found (not a local model directory, and the hub is not "
-            "reachable or the id is wrong); download it first or fix target.model in config.yaml"
+        return Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                allow_patterns=list(SNAPSHOT_PATTERNS),
+                ignore_patterns=list(SNAPSHOT_IGNORE),
+                local_files_only=not download,
+            )
         )
-    cfg = json.loads(path.read_text())
-    return cfg.get("text_config", cfg)
+    except Exception as e:  # not cached, offline, gated, or no such repository / revision
+        where = "the hub" if download else "the local Hugging Face cache"
+        raise FileNotFoundError(
+            f"target.model {repo_id!r} (revision {revision or 'main'}) is not available from {where} "
+            f"({type(e).__name__}: {e}). Check the id and target.revision; offline, download it first "
+            "(`hf download REPO`) into the cache HF_HOME / HF_HUB_CACHE point to"
+        ) from None
+
+
+def resolve_target(spec: str | Path) -> Path:
+    """The target's model directory, found the same way by every job.
+
+    `spec` is a local model directory, a hub id (its cached snapshot, downloaded if need be), or the lock file
+    the fetch_target job writes (`target.json`): the hub id and the commit it fetched, so every job reads the
+    same files even when the branch moves, each from its own machine's cache."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.suffix == ".json" and path.is_file():
+        lock = json.loads(path.read_text())
+        return hub_snapshot(lock["model"], revision=lock["commit"])
+    if is_hub_id(str(spec)):
+        return hub_snapshot(str(spec), download=True)
+    raise FileNotFoundError(
+        f"target {str(spec)!r}: not a model directory, a hub id or a fetched target's lock file"
+    )
+
+
+def text_config(target_dir: str | Path) -> dict:
+    """The text model's config.json fields (multimodal checkpoints keep them under `text_config`)."""
+    path = Path(target_dir) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{target_dir}: no config.json, so it is not a Hugging Face model directory")
+    return text_fields(json.loads(path.read_text()))
 
 
 def text_fields(target_config: dict) -> dict:

@@ -1,48 +1,84 @@
-"""Loading the target model for a job: dtype, devices (one GPU or a device_map across a group), stop ids."""
+"""Loading the target model for a job: where its files are, dtype, devices (one GPU or a device_map across a
+group), the tokenizer with the configured chat template, stop ids."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from draftsmith.core.runtime import resolve_dtype
+from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import kernels_follow_device, use_fla_conv
+
+# `target.chat_template` values that are not a file: none at all (a base model: prompt and answer
+# concatenated, eos appended), or ChatML (<|im_start|>role ... <|im_end|>) for tokenizers that have its
+# markers but ship no template (many converted and base checkpoints). null keeps the tokenizer's own.
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+NAMED_TEMPLATES = {"chatml": CHATML, "plain": None}
+
+
+def chat_template_text(setting: str) -> str | None:
+    """The template a `target.chat_template` value names: a built-in name or a Jinja file."""
+    if setting in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[setting]
+    path = Path(setting).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"target.chat_template: {setting!r} is neither {' nor '.join(NAMED_TEMPLATES)} nor a Jinja file"
+        )
+    return path.read_text()
+
+
+def load_tokenizer(target_dir: str | Path, target_cfg: dict):
+    """The target's tokenizer, its chat template replaced when `target.chat_template` names one."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        str(target_dir), trust_remote_code=bool(target_cfg["trust_remote_code"])
+    )
+    if target_cfg.get("chat_template") is not None:
+        tok.chat_template = chat_template_text(target_cfg["chat_template"])
+    return tok
 
 
 def load_target(
-    path: str,
+    path: str | Path,
     devices: list[int],
     dtype: str = "auto",
-    revision: str | None = None,
     trust_remote_code: bool = False,
+    *,
+    exact: bool = False,
 ):
-    """The target on its devices: one GPU, a group through `device_map` (layers split across it), or the
+    """The model on its devices: one GPU, a group through `device_map` (layers split across it), or the
     CPU."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     device = torch.device("cuda:0" if devices else "cpu")
-    torch_dtype = resolve_dtype(dtype, device)
-    kwargs: dict = {"dtype": torch_dtype, "revision": revision, "trust_remote_code": trust_remote_code}
+    torch_dtype = resolve_dtype(dtype, device, exact=exact)
+    kwargs: dict = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if len(devices) > 1:
         kwargs["device_map"] = "auto"
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if len(devices) <= 1:
         model.to(device)  # type: ignore[arg-type]  # transformers' decorated `to` confuses mypy
     model.eval()
     kernels_follow_device(model)
     use_fla_conv(model)
-    tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-    return model, tok, device
+    return model, device
 
 
-def load_configured_target(path: str, devices: list[int], target_cfg: dict):
-    """`load_target` with the config's `target` options, so every job loads the target the same way."""
-    return load_target(
-        path,
-        devices,
-        target_cfg["dtype"],
-        target_cfg["revision"],
-        bool(target_cfg["trust_remote_code"]),
+def load_configured_target(spec: str | Path, devices: list[int], target_cfg: dict, *, exact: bool = False):
+    """The target as every job loads it: found by `resolve_target`, with the config's `target` options
+    (`exact`: see `resolve_dtype`). Returns (model, tokenizer, device)."""
+    target_dir = resolve_target(spec)
+    model, device = load_target(
+        target_dir, devices, target_cfg["dtype"], bool(target_cfg["trust_remote_code"]), exact=exact
     )
+    return model, load_tokenizer(target_dir, target_cfg), device
 
 
 def eos_ids_of(model, tokenizer) -> list[int]:

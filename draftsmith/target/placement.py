@@ -10,9 +10,10 @@ import json
 import math
 import shutil
 import subprocess
+from pathlib import Path
 
 from draftsmith.core.gpu_pool import visible_gpus
-from draftsmith.target.files import model_file, text_config
+from draftsmith.target.files import text_config
 
 GIB = 1024**3
 
@@ -62,18 +63,18 @@ def estimate_params(cfg: dict) -> int:
     return int(n * (attn + mlp) + emb)
 
 
-def target_bytes(model: str, revision: str | None, dtype_bytes: int = 2) -> tuple[int, str]:
+def target_bytes(target_dir: Path, dtype_bytes: int = 2) -> tuple[int, str]:
     """Weight bytes at the extraction dtype, and where the figure came from."""
-    index = model_file(model, "model.safetensors.index.json", revision)
-    if index is not None:
+    index = target_dir / "model.safetensors.index.json"
+    if index.exists():
         meta = json.loads(index.read_text()).get("metadata", {})
         if "total_size" in meta:
             # the index counts stored bytes; rescale when stored at another width is unknowable, so trust it
             return int(meta["total_size"]), "safetensors index"
-    single = model_file(model, "model.safetensors", revision)
-    if single is not None:
+    single = target_dir / "model.safetensors"
+    if single.exists():
         return single.stat().st_size, "safetensors file"
-    return estimate_params(text_config(model, revision)) * dtype_bytes, "config estimate"
+    return estimate_params(text_config(target_dir)) * dtype_bytes, "config estimate"
 
 
 def activation_bytes_per_token(cfg: dict, taps: int, dtype_bytes: int = 2) -> int:

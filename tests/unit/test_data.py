@@ -71,3 +71,35 @@ def test_shards_balanced_and_deterministic():
     perm = rng.permutation(200)
     b = assign_shards([lengths[i] for i in perm], [ids[i] for i in perm], 4)
     assert all(b[j] == a[i] for j, i in enumerate(perm))
+
+
+def test_prompt_only_records_are_samples_when_the_target_writes_the_answers(tokenizer, tmp_path):
+    """Before, prompt-only data was refused (`no assistant turn to train on`) even with regeneration on."""
+    rows = [
+        {"id": "p", "prompt": "write a haiku"},
+        {
+            "id": "m",
+            "messages": [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hi"}],
+        },
+        {"id": "full", "prompt": "q", "response": "a"},
+    ]
+    path = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    with pytest.raises(BadRecord, match=r"prompts\.jsonl:1: no assistant turn.*data\.regenerate\.enabled"):
+        prepare(str(path), tokenizer, 512, False)
+    df, stats = prepare(str(path), tokenizer, 512, False, regenerate=True)
+    assert stats.samples == 3 and df["id"].tolist() == ["p", "m", "full"]
+    for k in (0, 1):  # the whole sample is the prompt, ending in the template's generation prompt
+        ids = df["input_ids"][k]
+        assert df["prompt_len"][k] == len(ids) and not df["loss_mask"][k].any()
+        messages = [{"role": "user", "content": "write a haiku"}] if k == 0 else rows[1]["messages"]
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        assert tokenizer.decode(ids) == text
+    assert df["loss_mask"][2].any()  # a record with an answer keeps it until the target replaces it
+
+
+def test_a_prompt_that_fills_max_length_leaves_no_room_for_an_answer(tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 200}])
+    with pytest.raises(BadRecord, match="the prompt fills max_length=32: no room for an answer"):
+        prepare(str(path), tokenizer, 32, False, regenerate=True)

@@ -173,7 +173,7 @@ def test_chunked_loss_matches_plain_cross_entropy():
 def test_mask_token_resolution(tmp_path):
     assert resolve_mask_token_id(5, 7, 10) == 5
     assert resolve_mask_token_id("auto", 7, 10) == 7
-    with pytest.raises(ValueError, match="no mask token"):
+    with pytest.raises(ValueError, match="no free id"):
         resolve_mask_token_id("auto", None, 10, tmp_path)
     with pytest.raises(ValueError, match="outside"):
         resolve_mask_token_id(12, None, 10)

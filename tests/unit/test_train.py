@@ -170,8 +170,8 @@ def test_cli_train_then_export(toy, tmp_path):
             json.dumps({**DRAFTER, "mask_token_id": "auto"}),
             "--train-json",
             tj,
-            "--preset-mask-token-id",
-            "62",
+            "--target-json",
+            json.dumps({"mask_token_id": 62}),  # the preset's mask token
         ],
         check=True,
         env=env,

@@ -218,6 +218,7 @@ def test_profile_runs_the_workflow_on_slurm(slurm, tmp_path, tokenizer):
             "target": {"model": str(tmp_path / "target")},
             "data": {"path": str(tmp_path / "data.jsonl"), "max_length": 128},
             "extract": {"shards": 3, "validate_samples": 2},
+            "bench": {"datasets": [{"name": "tiny", "path": str(tmp_path / "data.jsonl")}]},
         }
         configs[where] = tmp_path / f"{where}.yaml"
         configs[where].write_text(yaml.safe_dump(cfg))

@@ -2,11 +2,12 @@
 with the key named. Real jobs, real files, a tiny real target."""
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import digest, job_counts, make_workflow, snakemake
+from conftest import digest, hub_cache, job_counts, make_workflow, snakemake
 
 from draftsmith.config import preflight
 
@@ -94,8 +95,15 @@ def test_bad_record_stops_prepare_with_file_and_line(small_run, tmp_path):
 
 
 def test_whole_dag_to_report(small_run, tmp_path):
-    """probe -> ... -> merge -> train -> export -> bench -> report, then `snakemake --report`."""
+    """probe -> ... -> merge -> train -> export -> bench -> report, then `snakemake --report` as the run says,
+    on a target given as a hub id and read from an offline Hugging Face cache laid out as the hub lays it, with
+    prompt-only data whose answers the target writes."""
     cfg = yaml.safe_load((small_run / "config.yaml").read_text())
+    snapshot = hub_cache(tmp_path / "hub", "draftsmith-test/tiny-hybrid", Path(cfg["target"]["model"]))
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    data = tmp_path / "prompts_only.jsonl"
+    rows = [json.loads(line) for line in Path(cfg["data"]["path"]).read_text().splitlines()]
+    data.write_text("".join(json.dumps({"id": r["id"], "prompt": r["prompt"]}) + "\n" for r in rows))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         "".join(
@@ -104,6 +112,10 @@ def test_whole_dag_to_report(small_run, tmp_path):
         )
     )
     cfg.update(
+        results=str(tmp_path / "results"),
+        target={"model": "draftsmith-test/tiny-hybrid"},
+        data={**cfg["data"], "path": str(data), "regenerate": {"enabled": True, "max_new_tokens": 16}},
+        extract={"shards": 2},
         drafter={"num_layers": 1, "block_size": 4},
         train={"epochs": 1, "anchors_per_seq": 8, "token_budget": 1024},
         bench={
@@ -115,8 +127,11 @@ def test_whole_dag_to_report(small_run, tmp_path):
     )
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     args = ["--configfile", str(tmp_path / "c.yaml")]
-    snakemake("all", *args)
+    run = snakemake("all", *args, env=env)
     res = Path(cfg["results"])
+    assert json.loads((res / "target/lock.json").read_text())["commit"] == snapshot.name
+    manifest = json.loads((res / "extract/shard000.json").read_text())
+    assert manifest["regenerated"] and manifest["model_path"] == str(snapshot)
     zlab = json.loads((res / "drafter/config.json").read_text())
     assert zlab["architectures"] == ["DFlashDraftModel"] and zlab["block_size"] == 4
     summary = (res / "bench/summary.csv").read_text()
@@ -126,9 +141,12 @@ def test_whole_dag_to_report(small_run, tmp_path):
     assert all(r["lossless"] for r in records if r["method"] == "dflash")  # fp32: bit-for-bit greedy
     for png in ("tau_by_method", "tau_vs_budget", "position_acceptance"):
         assert (res / f"bench/{png}.png").stat().st_size > 1000
-    snakemake("--report", str(tmp_path / "report.html"), *args)
-    assert (tmp_path / "report.html").stat().st_size > 10_000
-    assert_drafter_train_bench_keys_rerun_only_downstream(cfg, tmp_path)
+    # the run ends by printing the report command for its own config files; it works as printed
+    command = next(line for line in run.stderr.splitlines() if line.startswith("report: snakemake "))
+    assert f"--configfile {tmp_path / 'c.yaml'}" in command
+    snakemake(*shlex.split(command.removeprefix("report: snakemake ")), env=env)
+    assert (res / "report.html").stat().st_size > 10_000
+    assert_drafter_train_bench_keys_rerun_only_downstream(cfg, tmp_path, env)
 
 
 # One other valid value for every key of the drafter, train and bench sections (the schema's keys, all of them:
@@ -146,7 +164,7 @@ OTHER_VALUES = {
 DOWNSTREAM = {"mask_check", "train", "export", "bench", "report", "all"}
 
 
-def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: Path) -> None:
+def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: Path, env: dict) -> None:
     """After a complete run, a change to any drafter, train or bench key plans no job that makes data."""
     schema = yaml.safe_load((Path(__file__).parents[2] / "workflow/schemas/config.schema.yaml").read_text())
     for section, values in OTHER_VALUES.items():
@@ -157,7 +175,7 @@ def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: P
             if key == "layer_types":
                 changed["drafter"]["num_layers"] = 1
             (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
-            out = snakemake("all", "-n", "--configfile", str(tmp_path / "changed.yaml")).stdout
+            out = snakemake("all", "-n", "--configfile", str(tmp_path / "changed.yaml"), env=env).stdout
             planned = set(job_counts(out))
             assert planned and planned <= DOWNSTREAM, (f"{section}.{key}", planned - DOWNSTREAM)
 
@@ -165,17 +183,62 @@ def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: P
 @pytest.mark.parametrize(
     "preset", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml"))
 )
-def test_presets_pass_the_schema_and_preflight(preset):
+def test_presets_pass_the_schema_and_preflight(preset, tmp_path, monkeypatch):
     """Users copy a preset over config.yaml or pass it with --configfile: each must validate as Snakemake will
-    see it (merged over config.yaml) and pass the checks that need no weights."""
+    see it (alone, the schema filling the rest; the demo's variants after config.yaml, as the Makefile passes
+    them) and pass the checks that need no weights, once the data files it names are there."""
     from snakemake.utils import update_config, validate
 
     root = Path(__file__).parents[2]
-    config = yaml.safe_load((root / "config.yaml").read_text())
+    config = yaml.safe_load((root / "config.yaml").read_text()) if preset.startswith("demo-") else {}
     update_config(config, yaml.safe_load((root / "configs" / preset).read_text()))
     validate(config, str(root / "workflow/schemas/config.schema.yaml"))
+    monkeypatch.chdir(tmp_path)
+    for path in [config["data"]["path"]] + [d["path"] for d in config["bench"]["datasets"]]:
+        if path != "demo" and not path.startswith(config["results"]):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text('{"prompt": "hello"}\n')
     assert preflight(config) == []
     assert config["data"]["regenerate"]["batch_size"] >= 1
+
+
+def test_a_configfile_takes_the_schema_defaults_not_the_demos(small_run, tmp_path):
+    """Before, --configfile was merged over the demo's config.yaml: a real target silently took the demo's
+    DDTree budgets and 96 new tokens, and prepare was planned on the demo's data that nothing builds."""
+    cfg = yaml.safe_load((small_run / "config.yaml").read_text())
+    out = snakemake("all", "-n", "-p", "--configfile", str(small_run / "config.yaml")).stdout
+    bench = next(line for line in out.splitlines() if "draftsmith.steps.bench" in line)
+    assert '"ddtree_budgets": [16, 64, 256]' in bench and '"max_new_tokens": 128' in bench, bench
+    demo = yaml.safe_load((Path(__file__).parents[2] / "config.yaml").read_text())
+    assert demo["bench"]["ddtree_budgets"] != [16, 64, 256]  # the demo's own values differ
+    for section, key, message in [
+        ("data", "path", "data.path: 'demo' (the default) is the demo's data"),
+        ("bench", "datasets", "bench.datasets: 'demo' has path 'demo'"),
+    ]:
+        left_out = {**cfg, section: {k: v for k, v in cfg[section].items() if k != key}}
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(left_out))
+        proc = snakemake("-n", "--configfile", str(tmp_path / "c.yaml"), check=False)
+        assert proc.returncode != 0 and message in proc.stdout + proc.stderr, proc.stdout[-1500:]
+
+
+def test_no_free_mask_token_stops_the_run_before_any_job(tmp_path, tokenizer):
+    """Before, a vocabulary without padding rows passed `snakemake -n` and failed in training, after
+    regeneration and extraction. Now the mask token is settled at parse time or the run stops naming the key."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = make_workflow(tmp_path, tokenizer)
+    cfg = yaml.safe_load(config.read_text())
+    target = Path(cfg["target"]["model"])
+    fields = json.loads((target / "config.json").read_text())
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**{**fields, "vocab_size": len(tokenizer)})).save_pretrained(
+        target
+    )
+    proc = snakemake("-n", "--configfile", str(config), check=False)
+    assert proc.returncode != 0 and "drafter.mask_token_id: no free id" in proc.stdout + proc.stderr, proc.stdout[-1500:]
+    assert not (tmp_path / "results").exists()
+    cfg["drafter"] = {"mask_token_id": 7}
+    config.write_text(yaml.safe_dump(cfg))
+    assert "mask_check" in job_counts(snakemake("-n", "--configfile", str(config)).stdout)
 
 
 def test_jobs_run_with_snakemakes_interpreter_from_a_bare_shell(tmp_path, tokenizer):

@@ -20,7 +20,7 @@ rule bench:
         prompts=lambda wildcards: prompts_path(wildcards.dataset),
         parts=BENCH_PARTS,
         bench=as_json("bench", drop=("compare", "datasets")),
-        tcfg=as_json("target"),
+        tcfg=target_json(drop=DATA_JOB_DROP),
     shell:
         "python -m draftsmith.steps.bench --target {params.target} --drafter {input.drafter} --target-json {params.tcfg}"
         " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"

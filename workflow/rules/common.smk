@@ -10,11 +10,16 @@ from snakemake.utils import validate
 
 from draftsmith.config import preflight, problems_message
 from draftsmith.core.gpu_pool import visible_gpus
+from draftsmith.target.files import is_hub_id
 
 validate(config, schema="../schemas/config.schema.yaml")
-# values wrong for this target (tap layers, mask token, a preset for another model), before any job runs
-if problems := preflight(config):
+# values wrong for this target (tap layers, mask token, chat template, prompt files, a preset for another
+# model, the demo's data with a real target), before any job runs
+PREFLIGHT_NOTES = []
+if problems := preflight(config, PREFLIGHT_NOTES):
     raise WorkflowError(problems_message(problems))
+for note in PREFLIGHT_NOTES:
+    print(f"preflight: {note}", file=sys.stderr)
 
 
 RESULTS = config["results"]
@@ -29,7 +34,12 @@ if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
 NODE_GPUS = (
     len(visible_gpus()) if config.get("node_gpus") is None else int(config["node_gpus"])
 )
-DEMO = config["target"]["model"] == "demo"
+MODEL = config["target"]["model"]
+DEMO = MODEL == "demo"
+GGUF = MODEL.endswith(".gguf")  # converted into a model directory by a job
+HUB = is_hub_id(
+    MODEL
+)  # fetched into the Hugging Face cache by a job, pinned to its commit
 
 
 wildcard_constraints:
@@ -46,15 +56,30 @@ def as_json(section, drop=()):
 
 
 def target_path():
-    """The model scripts load: the built demo directory, a local directory, or a hub id."""
+    """What every job gets as --target: the built demo or converted GGUF directory, the fetched hub target's
+    lock file (its commit, resolved in each job's Hugging Face cache), or the local directory.
+    """
     if DEMO:
         return f"{RESULTS}/demo/target"
-    return config["target"]["model"]
+    if GGUF:
+        return f"{RESULTS}/target/model"
+    if HUB:
+        return f"{RESULTS}/target/lock.json"
+    return MODEL
 
 
 def target_input(wildcards):
-    """The demo target is built by a rule; real targets are read where they are (local dir or hub)."""
-    return {"target": f"{RESULTS}/demo/target"} if DEMO else {}
+    """The demo, a GGUF conversion and a hub target are made by jobs; a local directory is read where it is."""
+    return {"target": target_path()} if DEMO or GGUF or HUB else {}
+
+
+def target_json(drop=()):
+    """The target section for a job. Jobs that make data never see the mask token or the expected shape
+    (a change to those reruns mask_check and training, not extraction)."""
+    return as_json("target", drop=drop)
+
+
+DATA_JOB_DROP = ("mask_token_id", "expect")
 
 
 def data_path():
@@ -65,7 +90,7 @@ def data_path():
 
 def data_input(wildcards):
     path = data_path()
-    return {"data": path} if DEMO or Path(path).exists() else {}
+    return {"data": path} if path.startswith(RESULTS) or Path(path).exists() else {}
 
 
 def num_shards():
@@ -123,19 +148,12 @@ def preflight_json():
     return shlex.quote(json.dumps(keys, sort_keys=True))
 
 
-def mask_check_args():
-    """The configured mask token (the drafter's, else the preset's), which mask_check refuses if the tokenized
-    data uses it."""
-    for key in ("drafter", "target"):
-        mask = config[key].get("mask_token_id")
-        if isinstance(mask, int):
-            return f"--mask-token-id {mask} --mask-key {key}.mask_token_id"
-    return ""
-
-
-def preset_mask_arg():
-    mask = config["target"].get("mask_token_id")
-    return "" if mask is None else f"--preset-mask-token-id {int(mask)}"
+def report_command():
+    """The `snakemake --report` call for this run: the same config files, or it reads the demo's."""
+    files = " ".join(
+        f"--configfile {shlex.quote(str(f))}" for f in workflow.overwrite_configfiles
+    )
+    return f"snakemake {files} --report {RESULTS}/report.html".replace("  ", " ")
 
 
 def prompts_path(dataset):

@@ -34,11 +34,12 @@ rule prepare:
         "../../envs/draftsmith.yaml"
     params:
         target=target_path(),
+        tcfg=target_json(drop=DATA_JOB_DROP + ("dtype",)),
         data=data_path(),
         cfg=as_json("data"),
     shell:
-        "python -m draftsmith.steps.prepare --target {params.target} --data {params.data} --data-json {params.cfg}"
-        " --out {output.samples} --stats {output.stats} > {log} 2>&1"
+        "python -m draftsmith.steps.prepare --target {params.target} --target-json {params.tcfg}"
+        " --data {params.data} --data-json {params.cfg} --out {output.samples} --stats {output.stats} > {log} 2>&1"
 
 
 # The drafter's mask token against the tokenized data. Extraction waits for it once (ancient: a rerun of this
@@ -55,10 +56,11 @@ rule mask_check:
         "../../envs/draftsmith.yaml"
     params:
         target=target_path(),
-        mask=mask_check_args(),
+        tcfg=target_json(drop=("dtype", "expect")),
+        mask=config["drafter"]["mask_token_id"],
     shell:
-        "python -m draftsmith.steps.mask_check --target {params.target} --samples {input.samples} {params.mask}"
-        " --out {output.json} > {log} 2>&1"
+        "python -m draftsmith.steps.mask_check --target {params.target} --target-json {params.tcfg}"
+        " --drafter-mask {params.mask} --samples {input.samples} --out {output.json} > {log} 2>&1"
 
 
 rule shard:
@@ -97,7 +99,7 @@ rule extract:
         budget_div=lambda wildcards, attempt: 2 ** (attempt - 1),
     params:
         target=target_path(),
-        tcfg=as_json("target"),
+        tcfg=target_json(drop=DATA_JOB_DROP),
         dcfg=as_json("data"),
         taps=as_json("taps"),
         ecfg=as_json("extract"),
@@ -126,7 +128,7 @@ rule validate:
         gpu=extract_gpus,
     params:
         target=target_path(),
-        tcfg=as_json("target"),
+        tcfg=target_json(drop=DATA_JOB_DROP),
         ecfg=as_json("extract"),
     shell:
         "python -m draftsmith.steps.validate --target {params.target} --prepared {input.prepared} --shard {input.shard}"

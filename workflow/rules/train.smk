@@ -26,10 +26,10 @@ rule train:
         out=lambda wildcards, output: os.path.dirname(output.metrics),
         drafter=as_json("drafter"),
         train=as_json("train"),
-        mask=preset_mask_arg(),
+        tcfg=target_json(drop=("dtype", "expect")),
     shell:
         "python -m draftsmith.steps.train --dataset {input.dataset} --target {params.target} --out {params.out}"
-        " --drafter-json {params.drafter} --train-json {params.train} {params.mask} > {log} 2>&1"
+        " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg} > {log} 2>&1"
 
 
 rule export:
@@ -45,6 +45,7 @@ rule export:
     params:
         target=target_path(),
         train_dir=lambda wildcards, input: os.path.dirname(input.final),
+        tcfg=target_json(drop=("dtype", "expect", "mask_token_id")),
     shell:
         "python -m draftsmith.steps.export --train-dir {params.train_dir} --target {params.target}"
-        " --out {output.drafter} > {log} 2>&1"
+        " --target-json {params.tcfg} --out {output.drafter} > {log} 2>&1"

@@ -1,0 +1,88 @@
+"""Benchmark prompt files: the record shapes accepted, each turned into the chat messages the bench renders.
+
+One JSON object a line (or a Parquet row), any of:
+- `messages`: OpenAI-style turns; trailing assistant turns are dropped, so a training file works as is;
+- `prompt`: one user turn (HumanEval's field; also prompt/response training records);
+- `question`: one user turn (GSM8K);
+- `turns`: a list of user turns, of which the first is benchmarked (MT-Bench's question file);
+- `instruction`, with an optional `input` appended after a blank line (Alpaca-style sets).
+Other shapes: convert them to `{"prompt": ...}` lines (docs/configuration.md shows a one-liner). A bad line
+stops the run naming FILE:LINE, checked before any job starts, as training data is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.dataset.prepare import BadRecord, iter_records, to_messages
+
+PROMPT_FIELDS = ("messages", "prompt", "question", "turns", "instruction")
+
+
+def prompt_messages(rec: dict) -> list[dict]:
+    """The conversation to continue: ends with a user turn."""
+    if not isinstance(rec, dict):
+        raise BadRecord("record is not a JSON object")
+    if rec.get("messages") is not None:
+        msgs = to_messages({"messages": rec["messages"]})
+        while msgs and msgs[-1]["role"] == "assistant":
+            msgs.pop()
+        if not msgs:
+            raise BadRecord("`messages` has only assistant turns: nothing to prompt with")
+        return msgs
+    for key in ("prompt", "question"):
+        if key in rec:
+            if not isinstance(rec[key], str) or not rec[key].strip():
+                raise BadRecord(f"`{key}` must be a non-empty string")
+            return [{"role": "user", "content": rec[key]}]
+    if "turns" in rec:
+        turns = rec["turns"].tolist() if hasattr(rec["turns"], "tolist") else rec["turns"]
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise BadRecord("`turns` must be a non-empty list of strings")
+        return [{"role": "user", "content": turns[0]}]
+    if "instruction" in rec:
+        text = rec["instruction"]
+        if not isinstance(text, str) or not text.strip():
+            raise BadRecord("`instruction` must be a non-empty string")
+        extra = rec.get("input")
+        if isinstance(extra, str) and extra.strip():
+            text = f"{text}\n\n{extra}"
+        return [{"role": "user", "content": text}]
+    raise BadRecord(
+        f"no prompt field: a prompt record needs one of {', '.join(PROMPT_FIELDS)} (see "
+        "docs/configuration.md for converting other shapes)"
+    )
+
+
+def read_prompts(path: str) -> list[dict]:
+    """Every record of a prompt file, checked: `{"id", "messages"}` each. Raises BadRecord at the first bad
+    one, with FILE:LINE."""
+    out, seen = [], set()
+    for source, line, rec in iter_records(path):
+        where = f"{source}:{line}"
+        try:
+            if isinstance(rec, Exception):
+                raise rec
+            msgs = prompt_messages(rec)
+        except BadRecord as e:
+            raise BadRecord(f"{where}: {e}") from None
+        rid = rec.get("id", rec.get("task_id", rec.get("question_id")))
+        rid = str(rid) if rid is not None else f"{Path(source).stem}:{line}"
+        if rid in seen:
+            raise BadRecord(f"{where}: duplicate id {rid!r}")
+        seen.add(rid)
+        out.append({"id": rid, "messages": msgs})
+    if not out:
+        raise BadRecord(f"{path}: no prompts (the file is empty)")
+    return out
+
+
+def prompt_file_problems(path: str, *, key: str) -> list[str]:
+    """What preflight says about a prompt file that exists on this machine (nothing: it is fine)."""
+    try:
+        read_prompts(path)
+    except BadRecord as e:
+        return [f"{key}: {e}"]
+    except (OSError, ValueError) as e:  # unreadable Parquet and the like
+        return [f"{key}: {path}: cannot be read ({type(e).__name__}: {e})"]
+    return []
