@@ -496,3 +496,17 @@ def test_killed_benchmark_resumes_without_redoing_finished_prompts(setup, tmp_pa
     assert [r["id"] for r in records] == ["p0", "p0", "p1", "p1", "p2", "p2"]
     assert records[:2] == partial[1]["records"]  # kept, timings included: not redone
     assert not out.with_name(out.name + ".partial").exists()
+
+
+def test_a_bad_bench_prompt_file_stops_the_run_before_any_job(setup, tmp_path):
+    """7. A raw file of another shape, or a bad line, used to fail at bench time after training (a bare
+    KeyError), or be dropped silently. Now `snakemake -n` names FILE:LINE."""
+    prompts = tmp_path / "gsm8k.jsonl"
+    prompts.write_text('{"question": "2 + 2?", "answer": "4"}\n{"text": "neither"}\n')
+    args = bad_config(setup, tmp_path, bench={"datasets": [{"name": "gsm8k", "path": str(prompts)}]})
+    proc = snakemake("all", "-n", *args, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"bench.datasets[gsm8k].path: {prompts}:2: no prompt field" in out, out[-2000:]
+    assert not (tmp_path / "results").exists()
+    prompts.write_text('{"question": "2 + 2?", "answer": "4"}\n{"turns": ["hello", "again"]}\n')
+    assert "bench" in job_counts(snakemake("all", "-n", *args).stdout)

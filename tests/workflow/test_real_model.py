@@ -9,6 +9,8 @@ its unused special tokens, settled at parse time.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,23 @@ def test_the_real_model_demo_runs_to_the_report(tmp_path):
     assert {r["method"] for r in records} >= {"ar", "dflash", "ddtree"}
     assert all(r["lossless"] for r in records if r["method"] == "dflash")  # the CPU bench runs in fp32
     assert (res / "bench/summary.md").exists()
+    assert_init_writes_a_config_that_runs(model, tmp_path)
+
+
+def assert_init_writes_a_config_that_runs(model: Path, tmp_path: Path) -> None:
+    """`python -m draftsmith init` on the converted model: a config that needs only the data, and plans the
+    whole DAG as written."""
+    out = tmp_path / "init.yaml"
+    init_cmd = [sys.executable, "-m", "draftsmith", "init", str(model), "--out", str(out)]
+    subprocess.run(init_cmd, check=True, cwd=tmp_path, capture_output=True)
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["target"]["model"] == str(model) and cfg["taps"]["layers"] == default_taps(30)
+    for path in (cfg["data"]["path"], cfg["bench"]["datasets"][0]["path"]):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text('{"prompt": "Write a haiku about rain."}\n')
+    cfg["data"]["path"] = str(tmp_path / cfg["data"]["path"])
+    cfg["bench"]["datasets"][0]["path"] = str(tmp_path / cfg["bench"]["datasets"][0]["path"])
+    cfg["results"] = str(tmp_path / "init-results")
+    out.write_text(yaml.safe_dump(cfg))
+    planned = job_counts(snakemake("all", "-n", "--configfile", str(out)).stdout)
+    assert {"prepare", "extract", "train", "bench", "report"} <= set(planned), planned
