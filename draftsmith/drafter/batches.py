@@ -123,6 +123,22 @@ def plan_epoch(
     return batches
 
 
+def fit_plan(batches: list[list[int]], count: int) -> list[list[int]]:
+    """An epoch's plan with exactly `count` batches, the step count fixed from the first epoch's plan. Greedy
+    packing of a new shuffle can give fewer batches when samples are long against the budget: the fullest
+    batches are then split in two (each half stays under the budget). More batches than `count` leave the
+    tail out, as a partial epoch."""
+    plan = [list(b) for b in batches]
+    while len(plan) < count:
+        k = max(range(len(plan)), key=lambda j: len(plan[j]))
+        if len(plan[k]) < 2:  # only single samples left: repeat from the start of the shuffle
+            plan += plan[: count - len(plan)]
+            break
+        half = len(plan[k]) // 2
+        plan[k : k + 1] = [plan[k][:half], plan[k][half:]]
+    return plan[:count]
+
+
 def load_batch(ds: MergedDataset, idx: list[int], epoch: int, tcfg: dict, cfg: DrafterConfig) -> Batch:
     samples = [ds[i] for i in idx]
     anchors = [

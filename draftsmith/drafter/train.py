@@ -31,7 +31,7 @@ from draftsmith.core.distributed import setup_device, wrap_ddp
 from draftsmith.core.io import atomic, write_json
 from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
-from draftsmith.drafter.batches import load_batch, plan_epoch, split_indices
+from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, split_indices
 from draftsmith.drafter.config import DrafterConfig, config_from_target
 from draftsmith.drafter.evaluate import evaluate, plot_curves
 from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
@@ -190,7 +190,8 @@ def train(
     while step < run.total:
         epoch = step // run.steps_per_epoch
         if epoch != plan_epoch_no:
-            plan, plan_epoch_no = plan_epoch(*run.plan_args, epoch), epoch
+            plan = fit_plan(plan_epoch(*run.plan_args, epoch), run.steps_per_epoch * run.world)
+            plan_epoch_no = epoch
         idx = plan[(step % run.steps_per_epoch) * run.world + run.rank]
         lr, stats, gnorm = _train_step(run, ddp, autocast=autocast, idx=idx, epoch=epoch, step=step)
         step += 1

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from draftsmith.config import with_defaults
 from draftsmith.core.io import write_json
 from draftsmith.dataset.shards import ShardWriter
-from draftsmith.drafter.batches import plan_epoch, sample_cost
+from draftsmith.drafter.batches import fit_plan, plan_epoch, sample_cost
 from draftsmith.drafter.train import train
 from draftsmith.drafter.zlab import load_drafter
 from draftsmith.target.taps import forward_taps
@@ -116,6 +116,25 @@ def test_plan_respects_budget_and_covers_every_sample():
         cost = sum(sample_cost(lengths[i], 4, 4) for i in b)
         assert cost <= 200 or len(b) == 1
     assert plan_epoch(lengths, idx, 200, 4, 4, 0, 1) != batches or len(batches) == 1  # reshuffled per epoch
+
+
+def test_every_epoch_has_the_first_epochs_step_count():
+    """Long samples against the budget: a new shuffle can pack into fewer batches than epoch 0's, and training
+    indexed past the end of the plan (IndexError at step 19 of 24 on SmolLM2 with 2048-token answers)."""
+    import numpy as np
+
+    lengths = np.array([90, 90, 60, 60, 30, 30, 110, 20])
+    idx = np.arange(len(lengths))
+    counts = {len(plan_epoch(lengths, idx, 200, 2, 4, 0, e)) for e in range(20)}
+    assert len(counts) > 1  # greedy packing really does vary here
+    want = len(plan_epoch(lengths, idx, 200, 2, 4, 0, 0))
+    for e in range(20):
+        plan = fit_plan(plan_epoch(lengths, idx, 200, 2, 4, 0, e), want)
+        assert len(plan) == want
+        for b in plan:
+            assert sum(sample_cost(lengths[i], 2, 4) for i in b) <= 200 or len(b) == 1
+        if len(plan_epoch(lengths, idx, 200, 2, 4, 0, e)) <= want:  # split, never dropped
+            assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
 
 
 def test_training_learns_and_beats_frequency_baseline(toy, tmp_path):
