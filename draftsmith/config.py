@@ -294,19 +294,16 @@ def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
     """Every problem found without loading weights: at parse time for targets whose files are here (local, or
     cached from the hub); the probe and mask_check jobs repeat the target checks for the others. `notes`
     collects the choices made (the mask token)."""
+    from draftsmith.target.files import text_config
+
     notes = [] if notes is None else notes
     problems = model_problems(config) + demo_problems(config)
     problems += data_problems(config) + bench_problems(config)
     target_dir = None if problems else parse_time_target(config["target"])
     if target_dir is None:
         return problems
-    problems += target_problems(config, text_config_of(target_dir)) + template_problems(config, target_dir)
+    problems += target_problems(config, text_config(target_dir)) + template_problems(config, target_dir)
     return problems or mask_problems(config, target_dir, notes)
-
-
-def text_config_of(target_dir: Path) -> dict:
-    top = json.loads((target_dir / "config.json").read_text())
-    return top.get("text_config", top)
 
 
 def problems_message(problems: list[str]) -> str:

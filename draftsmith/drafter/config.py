@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from draftsmith.target.files import text_fields
-from draftsmith.target.mask import MaskChoice, choose_mask_token, eos_ids_on_disk, no_mask_message
+from draftsmith.target.mask import MaskChoice, no_mask_message, settle_mask_token
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -77,12 +77,12 @@ def resolve_mask_token_id(setting: object, preset: int | None, vocab_size: int, 
 
 
 def _free_id(target_dir: str | Path | None, vocab_size: int) -> MaskChoice:
+    """The choice preflight makes for a target with the default `target` section."""
     if target_dir is None or not (Path(target_dir) / "tokenizer_config.json").exists():
         return MaskChoice(None, f"the target has no tokenizer saved to choose from ({vocab_size} rows)")
-    from transformers import AutoTokenizer
+    from draftsmith.config import with_defaults
 
-    tok = AutoTokenizer.from_pretrained(str(target_dir))
-    return choose_mask_token(tok, vocab_size, eos_ids_on_disk(Path(target_dir)))
+    return settle_mask_token(Path(target_dir), with_defaults("target"), "auto")
 
 
 def drafter_config(

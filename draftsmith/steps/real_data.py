@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-from pathlib import Path
 
-from draftsmith.core.io import write_jsonl
+from draftsmith.core.io import atomic, write_jsonl
 from draftsmith.core.runtime import setup_logging
 from draftsmith.demo.real import humaneval_prompts, instruction_prompts, smollm2_gguf
 
@@ -33,13 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"real_data: {e}") from None
     if gguf is not None:  # a link, not a 98 MB copy; replaced whole
-        link = Path(args.gguf_out)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        tmp = link.with_name(link.name + ".partial")
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(gguf)
-        os.replace(tmp, link)
-        logging.info("real_data: %s -> %s", link, gguf)
+        with atomic(args.gguf_out) as tmp:
+            tmp.symlink_to(gguf)
+        logging.info("real_data: %s -> %s", args.gguf_out, gguf)
     write_jsonl(args.train_out, train, ensure_ascii=False)
     write_jsonl(args.bench_out, bench, ensure_ascii=False)
     logging.info(
