@@ -20,6 +20,7 @@ include: "workflow/rules/target.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/study.smk"
 
 
 rule all:
@@ -28,6 +29,7 @@ rule all:
         rules.dataset.input,
         rules.export.output.drafter,
         rules.report.output,
+        rules.study.output if STUDY_SIZES else [],
 
 
 onsuccess:

@@ -201,7 +201,7 @@ def demo_problems(config: dict) -> list[str]:
     if model == "demo":
         return []
     problems = []
-    if config["data"]["path"] == "demo":
+    if "demo" in data_sources(config):
         problems.append(
             f"data.path: 'demo' (the default) is the demo's data, made only with the demo target, but "
             f"target.model is {model!r}: set data.path to your records (.jsonl or .parquet: messages, "
@@ -221,18 +221,38 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def made_by_a_job(path: str, config: dict) -> bool:
-    """A file under `results` is an output of the workflow (the demo's data), not the user's."""
-    return Path(path).resolve().is_relative_to(Path(config["results"]).resolve())
+    """A file under `results` is an output of the workflow (the demo's data, a fetched URL), not the user's."""
+    return is_url(path) or Path(path).resolve().is_relative_to(Path(config["results"]).resolve())
+
+
+def is_url(path: str) -> bool:
+    """A data or prompt file on the web: the fetch_data job downloads it once into results/inputs/web."""
+    return path.startswith(("https://", "http://"))
+
+
+def data_sources(config: dict) -> list[str]:
+    """`data.path` as a list (one file, or several read in order)."""
+    path = config["data"]["path"]
+    return [path] if isinstance(path, str) else list(path)
 
 
 def data_problems(config: dict) -> list[str]:
     """The training records must exist before anything runs (a `datasets` name is read by prepare)."""
-    path = config["data"]["path"]
-    if path == "demo" or made_by_a_job(path, config) or Path(path).is_file():
-        return []
-    if Path(path).suffix in DATA_SUFFIXES:
-        return [f"data.path: {path}: no such file (put your records there, or point data.path at them)"]
-    return []
+    problems = []
+    sources = data_sources(config)
+    for k, path in enumerate(sources):
+        key = "data.path" if isinstance(config["data"]["path"], str) else f"data.path[{k}]"
+        if path == "demo" and len(sources) > 1:
+            problems.append(
+                f"{key}: 'demo' is the demo's whole data set: it cannot be mixed with other files"
+            )
+        elif path == "demo" or made_by_a_job(path, config) or Path(path).is_file():
+            continue
+        elif Path(path).suffix in DATA_SUFFIXES:
+            problems.append(
+                f"{key}: {path}: no such file (put your records there, or point data.path at them)"
+            )
+    return problems
 
 
 def bench_problems(config: dict) -> list[str]:

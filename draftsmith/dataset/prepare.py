@@ -45,7 +45,14 @@ def iter_records(path: str, split: str = "train") -> Iterator[tuple[str, int, di
     """Yields (source, line number from 1, record or the parse error) from JSONL, Parquet or a `datasets`
     name."""
     p = Path(path)
-    if p.suffix in (".jsonl", ".json") and p.exists():
+    if p.suffix == ".json" and p.exists() and _starts_with_bracket(p):
+        try:
+            items = json.loads(p.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRecord(f"{path}: not a JSON array of records ({e})") from None
+        for i, rec in enumerate(items, 1):  # the "line" of an array's record is its position, from 1
+            yield str(p), i, rec
+    elif p.suffix in (".jsonl", ".json") and p.exists():
         with p.open(
             "rb"
         ) as f:  # bytes: one bad line is one bad record, not a UnicodeDecodeError for the file
@@ -83,8 +90,19 @@ def iter_records(path: str, split: str = "train") -> Iterator[tuple[str, int, di
             yield f"{path}[{split}]", i, dict(rec)
 
 
+def _starts_with_bracket(p: Path) -> bool:
+    """A `.json` file holding one array of records (Alpaca-style sets) rather than a record a line."""
+    with p.open("rb") as f:
+        return f.read(4096).lstrip()[:1] == b"["
+
+
+# Single-turn shapes of public sets, read as (prompt field, answer fields): GSM8K, Alpaca-style instructions.
+PAIR_FIELDS = (("prompt", ("response",)), ("question", ("answer",)), ("instruction", ("output", "response")))
+
+
 def to_messages(rec: dict) -> list[dict]:
-    """OpenAI-style messages, or a prompt/response pair turned into one user and one assistant turn."""
+    """OpenAI-style messages, or a single-turn record (`prompt`/`response`, GSM8K's `question`/`answer`,
+    Alpaca's `instruction`/`input`/`output`) turned into one user turn and, when it has one, the answer."""
     if not isinstance(rec, dict):
         raise BadRecord("record is not a JSON object")
     if "messages" in rec and rec["messages"] is not None:
@@ -103,16 +121,25 @@ def to_messages(rec: dict) -> list[dict]:
                 raise BadRecord(f"messages[{j}].content must be a string")
             out.append({"role": m["role"], "content": m["content"]})
         return out
-    if "prompt" in rec:
-        if not isinstance(rec["prompt"], str):
-            raise BadRecord("`prompt` must be a string")
-        msgs = [{"role": "user", "content": rec["prompt"]}]
-        if rec.get("response") is not None:
-            if not isinstance(rec["response"], str):
-                raise BadRecord("`response` must be a string")
-            msgs.append({"role": "assistant", "content": rec["response"]})
+    for key, answers in PAIR_FIELDS:
+        if key not in rec:
+            continue
+        if not isinstance(rec[key], str):
+            raise BadRecord(f"`{key}` must be a string")
+        text = rec[key]
+        extra = rec.get("input") if key == "instruction" else None
+        if isinstance(extra, str) and extra.strip():
+            text = f"{text}\n\n{extra}"
+        msgs = [{"role": "user", "content": text}]
+        answer = next((a for a in answers if rec.get(a) is not None), None)
+        if answer is not None:
+            if not isinstance(rec[answer], str):
+                raise BadRecord(f"`{answer}` must be a string")
+            msgs.append({"role": "assistant", "content": rec[answer]})
         return msgs
-    raise BadRecord("record has neither `messages` nor `prompt`/`response`")
+    raise BadRecord(
+        "record has neither `messages` nor a single-turn field (`prompt`, `question` or `instruction`)"
+    )
 
 
 def render(tokenizer, messages: list[dict], thinking: bool, add_generation_prompt: bool = False) -> str:
@@ -191,7 +218,7 @@ def tokenize_prompt(tokenizer, messages: list[dict], thinking: bool) -> tuple[li
 
 
 def prepare(
-    path: str,
+    path: str | list[str],
     tokenizer,
     max_length: int,
     thinking: bool,
@@ -201,12 +228,15 @@ def prepare(
     *,
     regenerate: bool = False,
 ) -> tuple[pd.DataFrame, PrepareStats]:
-    """Reads and tokenizes every record; returns one row per sample and the counts for the report.
-    With `regenerate`, prompt-only records are samples too: the target writes their answers."""
+    """Reads and tokenizes every record of one file or several (in order); returns one row per sample and the
+    counts for the report. With `regenerate`, prompt-only records are samples too: the target writes their
+    answers."""
+    paths = [path] if isinstance(path, str) else list(path)
     stats = PrepareStats()
     rows = []
     seen: dict[str, str] = {}
-    for source, line, rec in iter_records(path, split):
+    records = (r for p in paths for r in iter_records(p, split))
+    for source, line, rec in records:
         stats.records += 1
         where = f"{source}:{line}"
         try:
@@ -252,10 +282,11 @@ def prepare(
         if max_samples is not None and stats.samples >= max_samples:
             break
     if not rows:
+        where = ", ".join(paths)
         if not stats.records:
-            raise BadRecord(f"{path}: the data set is empty (no records); check data.path")
+            raise BadRecord(f"{where}: the data set is empty (no records); check data.path")
         raise BadRecord(
-            f"{path}: no usable samples ({stats.skipped} of {stats.records} records skipped: "
+            f"{where}: no usable samples ({stats.skipped} of {stats.records} records skipped: "
             f"{stats.problems})"
         )
     return pd.DataFrame(rows), stats

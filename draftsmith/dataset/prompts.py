@@ -1,6 +1,6 @@
 """Benchmark prompt files: the record shapes accepted, each turned into the chat messages the bench renders.
 
-One JSON object a line (or a Parquet row), any of:
+One JSON object a line, a `.json` array of them, or a Parquet row, any of:
 - `messages`: OpenAI-style turns; trailing assistant turns are dropped, so a training file works as is;
 - `prompt`: one user turn (HumanEval's field; also prompt/response training records);
 - `question`: one user turn (GSM8K);
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftsmith.dataset.prepare import BadRecord, iter_records, to_messages
+from draftsmith.dataset.prepare import PAIR_FIELDS, BadRecord, iter_records, to_messages
 
-PROMPT_FIELDS = ("messages", "prompt", "question", "turns", "instruction")
+PROMPT_FIELDS = ("messages", "prompt", "question", "turns", "instruction")  # the order they are looked for
 
 
 def prompt_messages(rec: dict) -> list[dict]:
@@ -30,24 +30,16 @@ def prompt_messages(rec: dict) -> list[dict]:
         if not msgs:
             raise BadRecord("`messages` has only assistant turns: nothing to prompt with")
         return msgs
-    for key in ("prompt", "question"):
-        if key in rec:
-            if not isinstance(rec[key], str) or not rec[key].strip():
-                raise BadRecord(f"`{key}` must be a non-empty string")
-            return [{"role": "user", "content": rec[key]}]
     if "turns" in rec:
         turns = rec["turns"].tolist() if hasattr(rec["turns"], "tolist") else rec["turns"]
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise BadRecord("`turns` must be a non-empty list of strings")
         return [{"role": "user", "content": turns[0]}]
-    if "instruction" in rec:
-        text = rec["instruction"]
-        if not isinstance(text, str) or not text.strip():
-            raise BadRecord("`instruction` must be a non-empty string")
-        extra = rec.get("input")
-        if isinstance(extra, str) and extra.strip():
-            text = f"{text}\n\n{extra}"
-        return [{"role": "user", "content": text}]
+    for key, _answers in PAIR_FIELDS:  # training's single-turn shapes, answers left out
+        if key in rec:
+            if not isinstance(rec[key], str) or not rec[key].strip():
+                raise BadRecord(f"`{key}` must be a non-empty string")
+            return to_messages(rec)[:1]
     raise BadRecord(
         f"no prompt field: a prompt record needs one of {', '.join(PROMPT_FIELDS)} (see "
         "docs/configuration.md for converting other shapes)"

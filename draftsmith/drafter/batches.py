@@ -97,6 +97,21 @@ def split_indices(n: int, heldout_fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
+def subset_indices(train_idx: np.ndarray, max_samples: int | None, seed: int) -> np.ndarray:
+    """The first `max_samples` of a seeded shuffle of the training split: a smaller size's samples are all in
+    every larger one (a data-scaling study adds data, it does not swap it), and the held-out set is the
+    same for all. Raises when the split has fewer samples than asked for."""
+    if max_samples is None:
+        return train_idx
+    if max_samples > len(train_idx):
+        raise ValueError(
+            f"train.max_samples={max_samples} but the training split has {len(train_idx)} samples (lower "
+            "it, or the study's train_samples, or give more data)"
+        )
+    order = np.random.default_rng([seed, 54321]).permutation(len(train_idx))
+    return np.sort(train_idx[order[:max_samples]])
+
+
 def sample_cost(length: int, anchors_per_seq: int, block_size: int) -> int:
     """Tokens a sample puts through the drafter: its context plus (at most) all its block positions."""
     return int(length) + block_size * min(anchors_per_seq, max(0, int(length) - 2))

@@ -31,7 +31,7 @@ from draftsmith.core.distributed import setup_device, wrap_ddp
 from draftsmith.core.io import atomic, write_json
 from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
-from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, split_indices
+from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, split_indices, subset_indices
 from draftsmith.drafter.config import DrafterConfig, config_from_target
 from draftsmith.drafter.evaluate import evaluate, plot_curves
 from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
@@ -244,6 +244,7 @@ def _set_up(
 
     model, opt = _seeded_model(cfg, tcfg, device=device)
     train_idx, held_idx = split_indices(len(ds), tcfg["heldout_fraction"], tcfg["seed"])
+    train_idx = subset_indices(train_idx, tcfg.get("max_samples"), tcfg["seed"])
     plan_args = (
         ds.lengths,
         train_idx,
@@ -438,5 +439,8 @@ def _summarise(out: Path, run: TrainingRun) -> dict:
             dtype=run.dtype,
         )
     )
+    train_idx = run.plan_args[1]
+    s["train_samples"] = int(len(train_idx))
+    s["train_tokens"] = int(run.ds.lengths[train_idx].sum())
     s["drafter"] = run.cfg.to_json()
     return s

@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--target", required=True, help="model directory, hub id or fetched lock file (tokenizer)")
     p.add_argument("--target-json", default="{}", help="the config's target section (chat template)")
-    p.add_argument("--data", required=True, help="JSONL/Parquet path or a `datasets` name")
+    p.add_argument(
+        "--data", required=True, nargs="+", help="JSONL/JSON/Parquet files or `datasets` names, read in order"
+    )
     p.add_argument("--data-json", required=True, help="the config's `data` section")
     p.add_argument("--out", required=True, help="samples.parquet")
     p.add_argument("--stats", required=True, help="stats.json")

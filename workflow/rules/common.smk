@@ -8,7 +8,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from draftsmith.config import preflight, problems_message
+from draftsmith.config import data_sources, is_url, preflight, problems_message
+from draftsmith.dataset.fetch import fetched_name
 from draftsmith.core.gpu_pool import visible_gpus
 from draftsmith.target.files import is_hub_id
 
@@ -46,6 +47,7 @@ wildcard_constraints:
     shard=r"shard\d{3}",
     dataset=r"[A-Za-z0-9_\-]+",
     part=r"\d+",
+    fetched=r"[0-9a-f]{8}-[^/]+",
 
 
 def as_json(section, drop=()):
@@ -82,15 +84,31 @@ def target_json(drop=()):
 DATA_JOB_DROP = ("mask_token_id", "expect")
 
 
-def data_path():
-    if config["data"]["path"] == "demo":
-        return f"{RESULTS}/demo/data/train.jsonl"
-    return config["data"]["path"]
+def local_path(path):
+    """Where a job reads a configured file: a URL's copy made by fetch_data, else the path itself."""
+    return f"{RESULTS}/inputs/web/{fetched_name(path)}" if is_url(path) else path
+
+
+# every URL the config names (training data, bench prompts), by the file fetch_data makes of it
+FETCHED = {
+    fetched_name(u): u
+    for u in data_sources(config) + [d["path"] for d in config["bench"]["datasets"]]
+    if is_url(u)
+}
+
+
+def data_paths():
+    """The training files in order (the demo's, the user's, fetched copies of URLs)."""
+    if data_sources(config) == ["demo"]:
+        return [f"{RESULTS}/demo/data/train.jsonl"]
+    return [local_path(p) for p in data_sources(config)]
 
 
 def data_input(wildcards):
-    path = data_path()
-    return {"data": path} if path.startswith(RESULTS) or Path(path).exists() else {}
+    """The files a job makes or that are here (a `datasets` name is neither: prepare reads it online)."""
+    return {
+        "data": [p for p in data_paths() if p.startswith(RESULTS) or Path(p).exists()]
+    }
 
 
 def num_shards():
@@ -157,9 +175,9 @@ def report_command():
 
 
 def prompts_path(dataset):
-    """Benchmark prompts: the demo's held-out prompts, or the configured file / datasets name."""
+    """Benchmark prompts: the demo's held-out prompts, or the configured file (a URL's copy) / datasets name."""
     source = BENCH_DATASETS[dataset]
-    return f"{RESULTS}/demo/data/prompts.jsonl" if source == "demo" else source
+    return f"{RESULTS}/demo/data/prompts.jsonl" if source == "demo" else local_path(source)
 
 
 def prompts_input(wildcards):
@@ -182,4 +200,39 @@ def compare_args():
     """Other runs' summaries, shown beside this one (`bench.compare`)."""
     return " ".join(
         shlex.quote(f"{c['name']}={c['summary']}") for c in config["bench"]["compare"]
+    )
+
+
+# The data-scaling study: one drafter per size (`study.train_samples`), beside the main run's (all samples).
+STUDY_SIZES = sorted(config["study"]["train_samples"])
+
+
+def study_train_json(wildcards):
+    """The train section with this size's sample count; nothing else differs from the main run."""
+    values = {**config["train"], "max_samples": int(wildcards.n)}
+    return shlex.quote(json.dumps(values, sort_keys=True))
+
+
+def get_study_parts(wildcards):
+    """Every size's bench records and training summary, and the main run's as the largest size."""
+    parts = {"main": rules.report.input.parts, "main_train": rules.train.output.summary}
+    for n in STUDY_SIZES:
+        parts[f"n{n}"] = expand(
+            rules.study_bench.output.records,
+            n=n,
+            dataset=list(BENCH_DATASETS),
+            part=range(BENCH_PARTS),
+        )
+        parts[f"n{n}_train"] = rules.study_train.output.summary.format(n=n)
+    return parts
+
+
+def study_args(wildcards, input):
+    """NAME=TRAIN_SUMMARY:PART,PART,... a size, as the study step reads them."""
+    names = [f"n{n}" for n in STUDY_SIZES] + ["main"]
+    return " ".join(
+        shlex.quote(
+            f"{name}={getattr(input, name + '_train')}:{','.join(getattr(input, name))}"
+        )
+        for name in names
     )

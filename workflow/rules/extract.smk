@@ -21,6 +21,20 @@ rule probe:
         " --out {output.json} > {log} 2>&1"
 
 
+# A file named by URL (data.path, a bench prompt set), downloaded once; later jobs read the copy.
+rule fetch_data:
+    output:
+        file=f"{RESULTS}/inputs/web/{{fetched}}",
+    log:
+        f"{RESULTS}/logs/fetch_data/{{fetched}}.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    params:
+        url=lambda wildcards: FETCHED[wildcards.fetched],
+    shell:
+        "python -m draftsmith.steps.fetch_data --url {params.url:q} --out {output.file} > {log} 2>&1"
+
+
 rule prepare:
     input:
         unpack(target_input),
@@ -35,8 +49,8 @@ rule prepare:
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP + ("dtype",)),
-        data=data_path(),
-        cfg=as_json("data"),
+        data=" ".join(shlex.quote(p) for p in data_paths()),
+        cfg=as_json("data", drop=("path",)),
     shell:
         "python -m draftsmith.steps.prepare --target {params.target} --target-json {params.tcfg}"
         " --data {params.data} --data-json {params.cfg} --out {output.samples} --stats {output.stats} > {log} 2>&1"

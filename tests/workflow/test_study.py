@@ -1,0 +1,86 @@
+"""The data-scaling study through Snakemake: training data and bench prompts named by URL (served over HTTP
+from this machine), drafters trained on a subset and on everything, and the study's table and plots."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import job_counts, make_workflow, snakemake
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A real HTTP server over a folder, as a data set's host would be."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(served, tmp_path, tokenizer):
+    www, url = served
+    root = tmp_path / "wf"
+    cfg = yaml.safe_load(make_workflow(root, tokenizer).read_text())
+    rows = [json.loads(line) for line in (root / "data.jsonl").read_text().splitlines()]
+    # two public-set shapes: GSM8K-style JSON lines and an Alpaca-style JSON array, both prompt + reference
+    (www / "gsm.jsonl").write_text(
+        "".join(json.dumps({"question": r["prompt"], "answer": r["response"]}) + "\n" for r in rows[:12])
+    )
+    (www / "alpaca.json").write_text(
+        json.dumps([{"instruction": r["prompt"], "input": "", "output": r["response"]} for r in rows[12:]])
+    )
+    (www / "test.jsonl").write_text(
+        "".join(json.dumps({"question": q}) + "\n" for q in ["def main():", "import os\n", "class A:"])
+    )
+    cfg.update(
+        data={**cfg["data"], "path": [f"{url}/gsm.jsonl", f"{url}/alpaca.json"],
+              "regenerate": {"enabled": True, "max_new_tokens": 12}},
+        extract={"shards": 2},
+        drafter={"num_layers": 1, "block_size": 4},
+        train={"epochs": 1, "anchors_per_seq": 8, "token_budget": 512},
+        bench={"datasets": [{"name": "gsm", "path": f"{url}/test.jsonl"}], "max_new_tokens": 10,
+               "ddtree_budgets": [4], "parts": 1, "warmup": 0},
+        study={"train_samples": [6]},
+    )  # fmt: skip
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["--configfile", str(tmp_path / "c.yaml")]
+    snakemake("all", *args)
+    res = Path(cfg["results"])
+
+    fetched = sorted((res / "inputs/web").iterdir(), key=lambda p: p.name.split("-", 1)[1])
+    assert [p.name.split("-", 1)[1] for p in fetched] == ["alpaca.json", "gsm.jsonl", "test.jsonl"]
+    for p in fetched:
+        assert p.read_bytes() == (www / p.name.split("-", 1)[1]).read_bytes()
+    assert json.loads((res / "prepared/stats.json").read_text())["samples"] == 24  # 12 lines + 12 array items
+
+    table = pd.read_csv(res / "study/summary.csv")
+    sizes = table.groupby("size")[["train_samples", "train_tokens"]].first()
+    assert sizes.loc["n6", "train_samples"] == 6 and sizes.loc["main", "train_samples"] == 23  # 1 held out
+    assert sizes.loc["n6", "train_tokens"] < sizes.loc["main", "train_tokens"]
+    assert set(table["method"]) == {"dflash", "ddtree@4"} and set(table["dataset"]) == {"gsm"}
+    assert (table["tau"] >= 1).all()
+    for png in ("tau_vs_tokens", "accuracy_by_position"):
+        assert (res / f"study/{png}.png").stat().st_size > 1000
+    text = (res / "study/summary.md").read_text()
+    assert "## Trend" in text and "tau_per_doubling" in text
+    main_train = json.loads((res / "train/summary.json").read_text())
+    small_train = json.loads((res / "study/n6/train/summary.json").read_text())
+    assert small_train["heldout_samples"] == main_train["heldout_samples"] == 1  # the same held-out set
+
+    # a new size trains, exports and benchmarks only that size: nothing upstream, nor the main run, again
+    cfg["study"]["train_samples"] = [6, 12]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    planned = job_counts(snakemake("all", "-n", *args).stdout)
+    assert planned == {"study_train": 1, "study_export": 1, "study_bench": 1, "study": 1, "all": 1}, planned
