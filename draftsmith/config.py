@@ -221,7 +221,7 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def made_by_a_job(path: str, config: dict) -> bool:
-    """A file under `results` is an output of the workflow (the demo's data, a fetched URL), not the user's."""
+    """A file under `results` (the demo's data, a URL's copy) is an output of the workflow, not the user's."""
     return is_url(path) or Path(path).resolve().is_relative_to(Path(config["results"]).resolve())
 
 

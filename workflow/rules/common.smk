@@ -177,7 +177,9 @@ def report_command():
 def prompts_path(dataset):
     """Benchmark prompts: the demo's held-out prompts, or the configured file (a URL's copy) / datasets name."""
     source = BENCH_DATASETS[dataset]
-    return f"{RESULTS}/demo/data/prompts.jsonl" if source == "demo" else local_path(source)
+    return (
+        f"{RESULTS}/demo/data/prompts.jsonl" if source == "demo" else local_path(source)
+    )
 
 
 def prompts_input(wildcards):
