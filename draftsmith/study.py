@@ -153,7 +153,7 @@ def write_study(sizes: list[Size], out_dir: str | Path) -> pd.DataFrame:
         ]
     )
     text = "# Data-scaling study\n\n## tau per size\n\n" + markdown(table)
-    text += "\n## Trend\n\nLeast squares of tau on log2(training tokens); past the largest size: extrapolated.\n"
+    text += "\n## Trend\n\nLeast squares of tau on log2(training tokens); past the largest size: a guess.\n"
     text += markdown(trend)
     text += "\n## Held-out accuracy per block position\n\n" + markdown(accuracy)
     write_text(out / "summary.md", text)
