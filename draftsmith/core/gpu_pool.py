@@ -45,7 +45,8 @@ def visible_gpus() -> list[int]:
     devices to children). A SLURM job that set no CUDA_VISIBLE_DEVICES was granted no GPU: nvidia-smi there
     would list devices that belong to other jobs on the node.
     """
-    env = os.environ.get("DRAFTSMITH_GPUS")  # an explicit pool, e.g. "0,1,2,3", wins over detection
+    env = os.environ.get("DRAFTSMITH_GPUS")  # an explicit pool, e.g. "0,1,2,3", wins over detection;
+    # an id given k times is k slots of one device, for jobs of a small target that cannot fill a GPU alone
     if env is None:
         env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None and os.environ.get("SLURM_JOB_ID"):
@@ -123,8 +124,9 @@ def try_acquire(n: int, devices: list[int], pool_dir: Path) -> tuple[list[int], 
     """One attempt to lock n devices; prefers consecutive ids (they usually share a switch). None if busy."""
     pool_dir.mkdir(parents=True, exist_ok=True)
     held: list[tuple[int, int]] = []
-    for dev in devices:
-        fd = _try_lock(pool_dir / f"gpu{dev}.lock")
+    for k, dev in enumerate(devices):
+        seen = devices[:k].count(dev)  # a device listed again is another slot of it, with its own lock
+        fd = _try_lock(pool_dir / (f"gpu{dev}.lock" if not seen else f"gpu{dev}.{seen}.lock"))
         if fd is not None:
             held.append((dev, fd))
     if len(held) < n:
@@ -175,7 +177,7 @@ def acquire(
     ids, fds = got
     old = os.environ.get("CUDA_VISIBLE_DEVICES")
     if set_env:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys(ids)))  # slots of one device: once
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA then numbers GPUs as nvidia-smi does
     log.info("took GPU(s) %s from the pool", ids)
     try:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from draftsmith.core.gpu_pool import acquire, try_acquire, uuid_indices, visible_gpus
+from draftsmith.core.gpu_pool import _release, acquire, try_acquire, uuid_indices, visible_gpus
 
 
 def _worker(pool_dir, n, devices, hold, log_path):
@@ -130,3 +130,19 @@ def test_uuid_entries_resolve_to_indices(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     assert visible_gpus() == [3, 1]
+
+
+def test_a_device_listed_twice_is_two_slots_of_it(tmp_path, monkeypatch):
+    """DRAFTSMITH_GPUS=0,0: two jobs of a small target share GPU 0 (each sees it as its only device), a third
+    waits."""
+    monkeypatch.setenv("DRAFTSMITH_GPUS", "0,0")
+    devices = visible_gpus()
+    assert devices == [0, 0]
+    with acquire(1, devices, tmp_path) as first:
+        assert first == [0] and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+        with acquire(1, devices, tmp_path) as second:
+            assert second == [0]
+            assert try_acquire(1, devices, tmp_path) is None  # both slots held
+    got = try_acquire(2, devices, tmp_path)
+    assert got is not None and got[0] == [0, 0]
+    _release(got[1])
