@@ -177,7 +177,8 @@ def acquire(
     ids, fds = got
     old = os.environ.get("CUDA_VISIBLE_DEVICES")
     if set_env:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys(ids)))  # slots of one device: once
+        # slots of one device name it once
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys(ids)))
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA then numbers GPUs as nvidia-smi does
     log.info("took GPU(s) %s from the pool", ids)
     try:
