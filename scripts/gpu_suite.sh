@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|stage_a|study|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -23,6 +23,29 @@ for phase in "$@"; do
     env)
         nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv
         python3 -c "import torch, transformers, fla, snakemake; print(torch.__version__, transformers.__version__, fla.__version__, snakemake.__version__)"
+        ;;
+    stage_a)  # the study's first call: the GGUF's first part (.stage/a), kept in /tmp while the machine stays warm
+        mkdir -p /tmp/stage && cp .stage/a/gguf.part /tmp/stage/a.part && ls -l /tmp/stage
+        ;;
+    study)  # issue 20: configs/study-smollm2.yaml on one GPU shared by six jobs. The GGUF comes in two calls
+        # (.stage/a, then .stage/b with the prompt files: no call carries more than 64 MiB); rerunning the phase
+        # resumes the DAG where the last call's time ran out.
+        R=results/study-smollm2
+        if [ ! -s $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+            mkdir -p $R/inputs && tar xzf .stage/b/inputs.tgz -C $R/inputs
+            cat /tmp/stage/a.part .stage/b/gguf.part > $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp
+            [ "$(sha256sum < $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp | cut -c1-64)" = "$(cat .stage/b/gguf.sha256)" ] \
+                || { echo "GGUF parts do not match"; exit 1; }
+            mv $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf
+        fi
+        (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > "$OUT/study_gpu.log" 2>&1 &
+        MONITOR=$!
+        DRAFTSMITH_GPUS=0,0,0,0,0,0 timeout -s INT -k 30 ${STUDY_S:-520} python3 -m snakemake --cores 16 --resources gpu=6 \
+            --configfile configs/study-smollm2.yaml --rerun-incomplete --nolock -q ${STUDY_ARGS:-} >> "$OUT/study_snakemake.log" 2>&1
+        echo "study exit $?"; kill $MONITOR 2>/dev/null; tail -15 "$OUT/study_snakemake.log"
+        tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
+            --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' $R 2>/dev/null
+        ls -l "$OUT"; cat $R/study/summary.md 2>/dev/null | head -60
         ;;
     extract1)  # extraction vs bare forward, one GPU, 27B shape
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_extract --shape $SHAPE --tokens ${TOKENS:-250000} --repeats 2 \
