@@ -320,7 +320,7 @@ BAD = {
     "invalid-json": ('{"prompt": "a", "response": ', "invalid JSON"),
     "missing-fields": (
         '{"id": "x", "text": "hello"}',
-        "record has neither `messages` nor `prompt`/`response`",
+        "record has neither `messages` nor a single-turn field",
     ),
     "wrong-role": (
         '{"messages": [{"role": "robot", "content": "hi"}]}',

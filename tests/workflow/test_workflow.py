@@ -195,8 +195,11 @@ def test_presets_pass_the_schema_and_preflight(preset, tmp_path, monkeypatch):
     update_config(config, values)
     validate(config, str(root / "workflow/schemas/config.schema.yaml"))
     monkeypatch.chdir(tmp_path)
-    for path in [config["data"]["path"]] + [d["path"] for d in config["bench"]["datasets"]]:
-        if path != "demo" and not path.startswith(config["results"]):
+    from draftsmith.config import is_url
+
+    data = config["data"]["path"]
+    for path in (data if isinstance(data, list) else [data]) + [d["path"] for d in config["bench"]["datasets"]]:
+        if path != "demo" and not is_url(path) and not path.startswith(config["results"]):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text('{"prompt": "hello"}\n')
     assert preflight(config) == []
