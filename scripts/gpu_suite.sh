@@ -41,8 +41,9 @@ for phase in "$@"; do
         (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > "$OUT/study_gpu.log" 2>&1 &
         MONITOR=$!
         DRAFTSMITH_GPUS=0,0,0,0,0,0 timeout -s INT -k 30 ${STUDY_S:-520} python3 -m snakemake --cores 16 --resources gpu=6 \
-            --configfile configs/study-smollm2.yaml --rerun-incomplete --nolock -q ${STUDY_ARGS:-} >> "$OUT/study_snakemake.log" 2>&1
+            --configfile configs/study-smollm2.yaml --rerun-incomplete --nolock --keep-going -q ${STUDY_ARGS:-} >> "$OUT/study_snakemake.log" 2>&1
         echo "study exit $?"; kill $MONITOR 2>/dev/null; tail -15 "$OUT/study_snakemake.log"
+        grep -l -i -E "error|traceback" $R/logs/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' $R 2>/dev/null
         ls -l "$OUT"; cat $R/study/summary.md 2>/dev/null | head -60
