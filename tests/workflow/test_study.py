@@ -84,3 +84,28 @@ def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(se
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     planned = job_counts(snakemake("all", "-n", *args).stdout)
     assert planned == {"study_train": 1, "study_export": 1, "study_bench": 1, "study": 1, "all": 1}, planned
+
+
+def test_trainings_of_a_study_share_the_cores_of_a_gpu_node(tmp_path, tokenizer):
+    """On the GPU run, each training asked for every core, so the study's trainings ran one after another while
+    five of six GPU slots stood idle; a training now takes its slots' share of the cores (all of them without
+    GPUs, where training is CPU work)."""
+    root = tmp_path / "wf"
+    cfg = yaml.safe_load(make_workflow(root, tokenizer).read_text())
+    cfg.update(study={"train_samples": [6, 12]})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+
+    def train_threads(env: dict) -> dict[str, str]:
+        out = snakemake("all", "-n", "--configfile", str(tmp_path / "c.yaml"), cores=8, env=env).stdout
+        jobs, rule = {}, None
+        for line in out.splitlines():
+            if line.startswith("rule "):
+                rule = line[5:].rstrip(":")
+            elif line.strip().startswith("threads:") and rule in ("train", "study_train"):
+                jobs[f"{rule}{len(jobs)}"] = line.split(":", 1)[1].strip()
+        return jobs
+
+    on_gpus = train_threads({"DRAFTSMITH_GPUS": "0,0,0,0"})  # four slots of one GPU: two cores each
+    assert sorted(on_gpus.values()) == ["2", "2", "2"], on_gpus
+    on_cpu = train_threads({"DRAFTSMITH_GPUS": ""})
+    assert sorted(on_cpu.values()) == ["8", "8", "8"], on_cpu

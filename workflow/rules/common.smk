@@ -150,6 +150,15 @@ def train_gpus():
     return min(int(config["train"]["gpus"]), NODE_GPUS)
 
 
+def train_threads():
+    """On GPUs, the cores split between the GPU slots, times the slots a training holds: trainings of a study
+    run side by side (all the cores each would run them one at a time). Without GPUs a training takes every
+    core."""
+    if not NODE_GPUS:
+        return workflow.cores
+    return max(1, workflow.cores // NODE_GPUS) * max(1, train_gpus())
+
+
 def probe_gpus():
     """With `node_gpus` set (jobs go to other nodes), the probe job asks for a whole node: it sizes GPU groups
     for targets that do not fit one GPU. Run where it is, it reads this machine's GPUs and holds none.

@@ -18,7 +18,7 @@ rule train:
         f"{RESULTS}/benchmarks/train.tsv"
     conda:
         "../../envs/draftsmith.yaml"
-    threads: workflow.cores
+    threads: train_threads()
     resources:
         gpu=train_gpus(),
     params:
