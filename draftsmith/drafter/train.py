@@ -243,8 +243,8 @@ def _set_up(
     embed, head = embed.to(device, head_dtype), head.to(device, head_dtype)
 
     model, opt = _seeded_model(cfg, tcfg, device=device)
-    train_idx, held_idx = split_indices(len(ds), tcfg["heldout_fraction"], tcfg["seed"])
-    train_idx = subset_indices(train_idx, tcfg.get("max_samples"), tcfg["seed"])
+    full_idx, held_idx = split_indices(len(ds), tcfg["heldout_fraction"], tcfg["seed"])
+    train_idx = subset_indices(full_idx, tcfg.get("max_samples"), tcfg["seed"])
     plan_args = (
         ds.lengths,
         train_idx,
@@ -254,7 +254,12 @@ def _set_up(
         tcfg["seed"],
     )
     batches = len(plan_epoch(*plan_args, 0))
-    steps_per_epoch, total, warmup = _schedule(batches, samples=len(train_idx), world=world, tcfg=tcfg)
+    full_batches = None
+    if tcfg.get("steps_as_full") and len(train_idx) < len(full_idx):
+        full_batches = len(plan_epoch(ds.lengths, full_idx, *plan_args[2:], 0))
+    steps_per_epoch, total, warmup = _schedule(
+        batches, samples=len(train_idx), world=world, tcfg=tcfg, full_batches=full_batches
+    )
     return TrainingRun(
         rank=rank,
         world=world,
@@ -292,12 +297,15 @@ def _seeded_model(
     return model, opt
 
 
-def _schedule(batches: int, *, samples: int, world: int, tcfg: dict) -> tuple[int, int, int]:
-    """Steps per epoch (a step takes one batch per rank), the total (capped by max_steps) and the warm-up."""
+def _schedule(
+    batches: int, *, samples: int, world: int, tcfg: dict, full_batches: int | None = None
+) -> tuple[int, int, int]:
+    """Steps per epoch (a step takes one batch per rank), the total (capped by max_steps) and the warm-up.
+    With `full_batches` (a subset trained at the whole split's compute) the total is the whole split's."""
     steps_per_epoch = batches // world
     if steps_per_epoch == 0:
         raise ValueError(f"{samples} training samples make no full step on {world} ranks")
-    total = steps_per_epoch * int(tcfg["epochs"])
+    total = (full_batches or batches) // world * int(tcfg["epochs"])
     if tcfg["max_steps"]:
         total = min(total, int(tcfg["max_steps"]))
     warmup = max(1, int(round(tcfg["warmup_ratio"] * total)))

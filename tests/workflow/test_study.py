@@ -109,3 +109,18 @@ def test_trainings_of_a_study_share_the_cores_of_a_gpu_node(tmp_path, tokenizer)
     assert sorted(on_gpus.values()) == ["2", "2", "2"], on_gpus
     on_cpu = train_threads({"DRAFTSMITH_GPUS": ""})
     assert sorted(on_cpu.values()) == ["8", "8", "8"], on_cpu
+
+
+def test_study_budget_steps_gives_each_size_the_main_runs_steps(tmp_path, tokenizer):
+    """study.budget reaches the trainings of the sizes as train.steps_as_full, never the main run's."""
+    root = tmp_path / "wf"
+    cfg = yaml.safe_load(make_workflow(root, tokenizer).read_text())
+    cfg.update(study={"train_samples": [6], "budget": "steps"})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = snakemake("all", "-n", "-p", "--configfile", str(tmp_path / "c.yaml")).stdout
+    commands = [line for line in out.splitlines() if "draftsmith.steps.train " in line]
+    sizes = [c for c in commands if "/study/n6/" in c]
+    main = [c for c in commands if "/study/" not in c]
+    assert len(sizes) == len(main) == 1, commands
+    assert '"steps_as_full": true' in sizes[0] and '"max_samples": 6' in sizes[0]
+    assert '"steps_as_full": false' in main[0] and '"max_samples": null' in main[0]

@@ -219,8 +219,10 @@ STUDY_SIZES = sorted(config["study"]["train_samples"])
 
 
 def study_train_json(wildcards):
-    """The train section with this size's sample count; nothing else differs from the main run."""
+    """The train section with this size's sample count (and, at equal compute, the main run's step count);
+    nothing else differs from the main run."""
     values = {**config["train"], "max_samples": int(wildcards.n)}
+    values["steps_as_full"] = config["study"]["budget"] == "steps"
     return shlex.quote(json.dumps(values, sort_keys=True))
 
 
