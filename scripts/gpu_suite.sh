@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|stage_a|study|sweep|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -47,6 +47,14 @@ for phase in "$@"; do
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' $R 2>/dev/null
         ls -l "$OUT"; cat $R/study/summary.md 2>/dev/null | head -60
+        ;;
+    sweep)  # issue 20's recipe knobs on the study's merged data at 2,902 samples, six trainings at once on one GPU
+        R=results/study-smollm2
+        DRAFTSMITH_GPUS=0,0,0,0,0,0 python3 -m draftsmith.perf.sweep_train --dataset $R/merged/manifest.json \
+            --target $R/target/model --configfile configs/study-smollm2.yaml --samples ${SWEEP_SAMPLES:-2902} \
+            --parallel 6 --out-dir /tmp/sweep --json-out "$OUT/sweep.json" \
+            --vary drafter.num_layers=2,5 --vary drafter.block_size=8 --vary train.anchors_per_seq=32,128 \
+            --vary train.lr=3e-3 --vary train.epochs=12 2>&1 | tee "$OUT/sweep.log"
         ;;
     extract1)  # extraction vs bare forward, one GPU, 27B shape
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_extract --shape $SHAPE --tokens ${TOKENS:-250000} --repeats 2 \

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from draftsmith.config import with_defaults
@@ -320,3 +321,35 @@ def test_a_subset_at_equal_compute_trains_the_whole_splits_steps(toy, tmp_path):
     assert short["train_samples"] == equal["train_samples"] < whole["train_samples"]
     assert short["steps"] < whole["steps"] == equal["steps"], (short["steps"], equal["steps"], whole["steps"])
     assert equal["heldout_samples"] == whole["heldout_samples"]
+
+
+def test_sweep_trains_one_variant_per_value_and_ranks_them(toy, tmp_path, monkeypatch, capsys):
+    """The recipe sweep (draftsmith.perf.sweep_train) runs the training step per variant, two at a time, and
+    its table holds every variant's held-out accuracy; a bad key stops it before any training."""
+    from draftsmith.perf import sweep_train
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"drafter": DRAFTER, "train": {**TRAIN, "epochs": 1}}))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("DRAFTSMITH_GPUS", "")
+    args = ["--dataset", str(toy["manifest"]), "--target", str(toy["target"]), "--configfile", str(cfg)]
+    out = ["--out-dir", str(tmp_path / "sweep"), "--json-out", str(tmp_path / "rows.json"), "--parallel", "2"]
+    sweep_train.main([*args, *out, "--vary", "train.lr=1e-3", "--vary", "drafter.num_layers=2"])
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["variant"] for r in rows] == ["base", "train.lr=1e-3", "drafter.num_layers=2"]
+    assert all(len(r["heldout_acc"]) == DRAFTER["block_size"] - 1 and r["steps"] > 0 for r in rows), rows
+    two_layers = json.loads((tmp_path / "sweep/v02/final/config.json").read_text())
+    assert two_layers["num_hidden_layers"] == 2
+    assert rows[0]["heldout_acc"] != rows[1]["heldout_acc"]  # the learning rate reached the training
+    assert 1.0 <= rows[0]["tau_independent"] <= rows[0]["tau_nested"]
+    printed = capsys.readouterr().out
+    assert printed.count("\n| ") == 3 + 1 and "acc_1" in printed  # header, rule, three rows
+    with pytest.raises(SystemExit, match="has no key `layers`"):
+        sweep_train.main([*args, *out, "--vary", "drafter.layers=2"])
+
+
+def test_tau_readings():
+    from draftsmith.perf.sweep_train import tau_readings
+
+    independent, nested = tau_readings([0.5, 0.5])
+    assert independent == 1 + 0.5 + 0.25 and nested == 2.0

@@ -1,0 +1,157 @@
+"""A small sweep of the drafter recipe's knobs on one merged data set, scored by held-out accuracy.
+
+Each variant changes one key of a base config (`--vary drafter.num_layers=2,5` makes two variants) and trains
+through the training step itself (`draftsmith.steps.train`, GPU pool included), `--parallel` at a time: with
+`DRAFTSMITH_GPUS=0,0,0,0` four small trainings share one GPU. Prints a table of held-out accuracy per block
+position, two readings of what it implies for DFlash tau (`tau_readings`), steps and seconds; `--json-out`
+keeps the rows. The bench measures tau itself; the sweep is the cheap screen before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from draftsmith.config import with_defaults
+
+SECTIONS = ("drafter", "train")
+SHOWN_POSITIONS = (1, 2, 4, 8)
+
+
+def tau_readings(acc: list[float]) -> tuple[float, float]:
+    """Acceptance length implied by per-position accuracies (acc[0] is position 1): if the positions' hits
+    were independent (1 + sum of running products) and if each hit implied the hits before it (1 + sum). The
+    real loop's tau is a different measurement; these rank variants."""
+    independent, running = 1.0, 1.0
+    for a in acc:
+        running *= a
+        independent += running
+    return independent, 1.0 + sum(acc)
+
+
+def parse_value(text: str):
+    """A --vary value: 3 -> int, 1e-3 -> float (which YAML 1.1 would read as a string), null -> None, true,
+    else the string."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return yaml.safe_load(text)
+
+
+def variants(base: dict, vary: list[str]) -> list[tuple[str, dict]]:
+    """The base, then one variant per value of each `section.key=v1,v2` (one key changed at a time)."""
+    out = [("base", base)]
+    for spec in vary:
+        key, _, values = spec.partition("=")
+        section, _, name = key.partition(".")
+        if section not in SECTIONS or not name or not values:
+            raise SystemExit(f"--vary {spec!r}: expected SECTION.KEY=V1,V2 with SECTION one of {SECTIONS}")
+        if name not in base[section]:
+            raise SystemExit(f"--vary {spec!r}: `{section}` has no key `{name}` (see the config schema)")
+        for raw in values.split(","):
+            changed = {s: dict(v) for s, v in base.items()}
+            changed[section][name] = parse_value(raw)
+            out.append((f"{section}.{name}={raw}", changed))
+    return out
+
+
+def base_config(configfile: str | None, samples: int | None, max_steps: int | None) -> dict:
+    """The drafter, train and target sections of a config file, completed with the schema's defaults."""
+    values = yaml.safe_load(Path(configfile).read_text()) if configfile else {}
+    base = {s: with_defaults(s, values.get(s) or {}) for s in (*SECTIONS, "target")}
+    if samples is not None:
+        base["train"]["max_samples"] = samples
+    if max_steps is not None:
+        base["train"]["max_steps"] = max_steps
+    return base
+
+
+def run_variant(name: str, sections: dict, *, dataset: str, target: str, out: Path) -> dict:
+    """One training through the step's CLI; its summary with the variant's name, or the failure's log tail."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "draftsmith.steps.train", "--dataset", dataset, "--target", target]
+    cmd += ["--out", str(out)]
+    for section in (*SECTIONS, "target"):
+        cmd += [f"--{section}-json", json.dumps(sections[section])]
+    t0 = time.time()
+    with (out / "train.log").open("w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    row: dict = {"variant": name, "seconds": round(time.time() - t0, 1)}
+    if rc != 0:
+        tail = (out / "train.log").read_text().splitlines()[-5:]
+        return {**row, "error": f"exit {rc}: " + " | ".join(tail)}
+    summary = json.loads((out / "summary.json").read_text())
+    acc = [summary["heldout_acc"][str(k)] for k in range(1, len(summary["heldout_acc"]) + 1)]
+    independent, nested = tau_readings(acc)
+    return {
+        **row,
+        "steps": summary["steps"],
+        "train_samples": summary["train_samples"],
+        "train_tokens": summary["train_tokens"],
+        "heldout_acc": acc,
+        "tau_independent": round(independent, 3),
+        "tau_nested": round(nested, 3),
+        "tokens_per_s": round(summary["tokens_per_s"]),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown, best held-out position-1 accuracy first; failed variants last with their error."""
+    head = ["variant", "steps", *(f"acc_{k}" for k in SHOWN_POSITIONS), "tau (indep.)", "tau (nested)", "s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in sorted(rows, key=lambda r: -r["heldout_acc"][0] if "heldout_acc" in r else 1.0):
+        if "error" in r:
+            lines.append(f"| {r['variant']} | failed: {r['error']} |")
+            continue
+        held = r["heldout_acc"]
+        acc = [f"{held[k - 1]:.3f}" if k <= len(held) else "" for k in SHOWN_POSITIONS]
+        cells = [r["variant"], r["steps"], *acc, r["tau_independent"], r["tau_nested"], r["seconds"]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--dataset", required=True, help="merged manifest.json")
+    p.add_argument("--target", required=True, help="the target's model directory")
+    p.add_argument("--configfile", help="the run's config: its drafter and train sections are the base")
+    p.add_argument("--vary", action="append", default=[], help="SECTION.KEY=V1,V2 (repeatable)")
+    p.add_argument("--samples", type=int, help="train.max_samples for every variant")
+    p.add_argument("--max-steps", type=int, help="train.max_steps for every variant")
+    p.add_argument("--parallel", type=int, default=1, help="trainings at once (GPU slots of the pool)")
+    p.add_argument("--out-dir", default="sweep", help="one training folder per variant")
+    p.add_argument("--json-out")
+    a = p.parse_args(argv)
+    runs = variants(base_config(a.configfile, a.samples, a.max_steps), a.vary)
+    out_dir = Path(a.out_dir)
+    print(f"{len(runs)} variants, {a.parallel} at a time, under {out_dir}", file=sys.stderr)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with ThreadPoolExecutor(max_workers=max(1, a.parallel)) as pool:
+        futures = [
+            pool.submit(
+                run_variant, name, sections, dataset=a.dataset, target=a.target, out=out_dir / f"v{i:02d}"
+            )
+            for i, (name, sections) in enumerate(runs)
+        ]
+        rows = [f.result() for f in futures]
+    print(table(rows))
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(rows, indent=1))
+    if all("error" in r for r in rows):
+        sys.exit("sweep: every variant failed (see the train.log under each variant's folder)")
+
+
+if __name__ == "__main__":
+    main()
