@@ -1,5 +1,5 @@
-"""Held-out evaluation of a trained drafter (accuracy per block position against a frequency baseline), the
-run's summary and its training curves."""
+"""Held-out evaluation of a trained drafter (accuracy per block position against a frequency baseline, and the
+tau it implies), the run's summary and its training curves."""
 
 from __future__ import annotations
 
@@ -15,6 +15,17 @@ from draftsmith.drafter.loss import block_loss, position_weights
 from draftsmith.drafter.model import Drafter, build_masks, uses_flex
 
 EVAL_EPOCH = 1_000_000  # anchor seed of the held-out evaluation: fixed, and never a training epoch
+
+
+def tau_readings(acc: list[float]) -> tuple[float, float]:
+    """Acceptance length implied by per-position accuracies (acc[0] is position 1): if the positions' hits
+    were independent (1 + sum of running products) and if each hit implied the hits before it (1 + sum). The
+    real loop's tau is a different measurement; these rank variants."""
+    independent, running = 1.0, 1.0
+    for a in acc:
+        running *= a
+        independent += running
+    return independent, 1.0 + sum(acc)
 
 
 @torch.no_grad()

@@ -21,20 +21,10 @@ from pathlib import Path
 import yaml
 
 from draftsmith.config import with_defaults
+from draftsmith.drafter.evaluate import tau_readings
 
 SECTIONS = ("drafter", "train")
 SHOWN_POSITIONS = (1, 2, 4, 8)
-
-
-def tau_readings(acc: list[float]) -> tuple[float, float]:
-    """Acceptance length implied by per-position accuracies (acc[0] is position 1): if the positions' hits
-    were independent (1 + sum of running products) and if each hit implied the hits before it (1 + sum). The
-    real loop's tau is a different measurement; these rank variants."""
-    independent, running = 1.0, 1.0
-    for a in acc:
-        running *= a
-        independent += running
-    return independent, 1.0 + sum(acc)
 
 
 def parse_value(text: str):

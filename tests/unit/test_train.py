@@ -349,7 +349,7 @@ def test_sweep_trains_one_variant_per_value_and_ranks_them(toy, tmp_path, monkey
 
 
 def test_tau_readings():
-    from draftsmith.perf.sweep_train import tau_readings
+    from draftsmith.drafter.evaluate import tau_readings
 
     independent, nested = tau_readings([0.5, 0.5])
     assert independent == 1 + 0.5 + 0.25 and nested == 2.0

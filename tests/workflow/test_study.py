@@ -70,7 +70,7 @@ def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(se
     assert sizes.loc["n6", "train_samples"] == 6 and sizes.loc["main", "train_samples"] == 23  # 1 held out
     assert sizes.loc["n6", "train_tokens"] < sizes.loc["main", "train_tokens"]
     assert set(table["method"]) == {"dflash", "ddtree@4"} and set(table["dataset"]) == {"gsm"}
-    assert (table["tau"] >= 1).all()
+    assert (table["tau"] >= 1).all() and (table["heldout_tau"] >= 1).all()
     for png in ("tau_vs_tokens", "accuracy_by_position"):
         assert (res / f"study/{png}.png").stat().st_size > 1000
     text = (res / "study/summary.md").read_text()
