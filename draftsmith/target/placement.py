@@ -39,6 +39,7 @@ def gpu_info() -> list[dict]:
                     "name": name,
                     "total_gib": int(total) / 1024,
                     "free_gib": int(free) / 1024,
+                    "slots": ids.count(int(idx)),  # jobs at once on it (DRAFTSMITH_GPUS lists it that often)
                 }
             )
     return gpus
@@ -94,14 +95,18 @@ def decide(
     cpu_slots: int,
     headroom: float = 0.9,
 ) -> dict:
-    """GPUs per model copy: 1 when weights plus activations fit one GPU, else the smallest group that fits."""
+    """GPUs per model copy: 1 when weights plus activations fit one GPU, else the smallest group that fits.
+    A GPU shared by k slots gives each job a k-th of its memory, and a copy must fit there: a group of slots
+    of one device would gain nothing."""
     if not gpus:
         budget = token_budget or max(4096, max_length)
         return {"device": "cpu", "gpus_per_copy": 0, "slots": cpu_slots, "token_budget": budget}
-    mem = min(g["free_gib"] for g in gpus) * GIB * headroom
+    shares = [int(g.get("slots", 1)) for g in gpus]
+    mem = min(g["free_gib"] / k for g, k in zip(gpus, shares)) * GIB * headroom
     budget = token_budget or 65536
     budget = max(budget, max_length)
-    for group in range(1, len(gpus) + 1):
+    shared = max(shares) > 1
+    for group in [1] if shared else range(1, len(gpus) + 1):
         room = mem - weight_bytes / group
         if room <= 0:
             continue
@@ -113,9 +118,15 @@ def decide(
             return {
                 "device": "cuda",
                 "gpus_per_copy": group,
-                "slots": len(gpus) // group,
+                "slots": sum(shares) // group,
                 "token_budget": token_budget or auto,
             }
+    if shared:
+        raise RuntimeError(
+            f"the target ({weight_bytes / GIB:.1f} GiB) does not fit in 1/{max(shares)} of a GPU's free "
+            f"memory with room for one {max_length}-token sample: DRAFTSMITH_GPUS lists a device "
+            f"{max(shares)} times (one job, and one copy of the target, per listing); list it fewer times"
+        )
     raise RuntimeError(
         f"the target ({weight_bytes / GIB:.1f} GiB) does not fit on all {len(gpus)} visible GPUs with room "
         f"for one {max_length}-token sample; use more or larger GPUs, or lower data.max_length"
