@@ -156,7 +156,7 @@ OTHER_VALUES = {
                 "sliding_window": 16, "intermediate_size": 32},
     "train": {"epochs": 2, "lr": 1e-3, "warmup_ratio": 0.1, "weight_decay": 0.01, "grad_clip": 0.5,
               "anchors_per_seq": 4, "gamma": 3.0, "token_budget": 512, "seed": 1, "gpus": 2, "checkpoint_every": 7,
-              "dtype": "fp32", "heldout_fraction": 0.1, "max_steps": 3, "max_samples": 10},
+              "dtype": "fp32", "heldout_fraction": 0.1, "max_steps": 3, "max_samples": 10, "steps_as_full": True},
     "bench": {"max_prompts": 2, "parts": 2, "max_new_tokens": 8, "block_size": 3, "ddtree_budgets": [4],
               "temperature": 0.5, "methods": ["ar", "dflash"], "real_loop": False, "thinking": True, "warmup": 0,
               "fp32_check_prompts": 1},
