@@ -37,6 +37,20 @@ def default_pool_dir() -> Path:
     return Path(".snakemake/gpu_pool")
 
 
+def slots_sharing(cuda_index: int = 0) -> int:
+    """How many pool slots share the device this process sees as cuda:`cuda_index` (DRAFTSMITH_GPUS may list a
+    device more than once): a job sizes its buffers on that share of the memory, since the other slots' jobs
+    may not have taken theirs yet when it starts."""
+    listed, seen = os.environ.get("DRAFTSMITH_GPUS"), os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not listed or not seen:
+        return 1
+    try:
+        physical = int(seen.split(",")[cuda_index])
+    except (ValueError, IndexError):  # UUIDs or an index past the list: no sharing to count
+        return 1
+    return max(1, visible_gpus().count(physical))
+
+
 def visible_gpus() -> list[int]:
     """GPU indices this process may use: DRAFTSMITH_GPUS, else CUDA_VISIBLE_DEVICES, else (outside SLURM jobs)
     every GPU nvidia-smi lists.

@@ -146,3 +146,19 @@ def test_a_device_listed_twice_is_two_slots_of_it(tmp_path, monkeypatch):
     got = try_acquire(2, devices, tmp_path)
     assert got is not None and got[0] == [0, 0]
     _release(got[1])
+
+
+def test_a_job_on_a_shared_device_knows_how_many_share_it(tmp_path, monkeypatch):
+    """Regeneration sizes its slots on this count: a job that starts first must not plan on memory that the
+    other jobs of the same GPU are about to take."""
+    from draftsmith.core.gpu_pool import slots_sharing
+
+    monkeypatch.setenv("DRAFTSMITH_GPUS", "0,0,0,1")
+    with acquire(1, visible_gpus(), tmp_path):  # the first free slot: one of device 0's three
+        assert slots_sharing() == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert slots_sharing() == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert slots_sharing(1) == 3
+    monkeypatch.delenv("DRAFTSMITH_GPUS")
+    assert slots_sharing(1) == 1  # no pool listing: nothing shared
