@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study|sweep|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|stage_a|study|study_start|watch|sweep|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -47,6 +47,52 @@ for phase in "$@"; do
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' $R 2>/dev/null
         ls -l "$OUT"; cat $R/study/summary.md 2>/dev/null | head -60
+        ;;
+    study_start)  # issue 20 without losing work at call boundaries: unpack the inputs (as `study`), then run the
+        # DAG and the sweep in their own process session, which outlives this call while the machine stays warm;
+        # `watch` calls follow back to back. Logs under /tmp/study.
+        R=results/study-smollm2
+        if [ ! -s $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+            mkdir -p $R/inputs && tar xzf .stage/b/inputs.tgz -C $R/inputs
+            cat /tmp/stage/a.part .stage/b/gguf.part > $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp
+            [ "$(sha256sum < $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp | cut -c1-64)" = "$(cat .stage/b/gguf.sha256)" ] \
+                || { echo "GGUF parts do not match"; exit 1; }
+            mv $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf
+        fi
+        mkdir -p /tmp/study && rm -f /tmp/study/done
+        setsid nohup bash scripts/gpu_suite.sh study_bg > /tmp/study/bg.log 2>&1 < /dev/null &
+        sleep 5; cat /tmp/study/bg.log
+        ;;
+    study_bg)  # started by study_start: the study DAG, and the sweep once the merged data exists
+        R=results/study-smollm2
+        (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > /tmp/study/gpu.log 2>&1 &
+        MONITOR=$!
+        (until [ -s $R/merged/manifest.json ]; do sleep 5; done; sleep ${SWEEP_DELAY:-45}   # the study's trainings take their slots first
+         DRAFTSMITH_GPUS=0,0,0,0,0,0 python3 -m draftsmith.perf.sweep_train --dataset $R/merged/manifest.json \
+            --target $R/target/model --configfile configs/study-smollm2.yaml --samples ${SWEEP_SAMPLES:-1452} \
+            --parallel 3 --out-dir /tmp/sweep --json-out /tmp/study/sweep.json \
+            --vary drafter.num_layers=5 --vary drafter.block_size=8 --vary train.anchors_per_seq=128 \
+            --vary train.lr=3e-3 --vary train.epochs=12 > /tmp/study/sweep.log 2>&1; echo "sweep exit $?" >> /tmp/study/sweep.log) &
+        SWEEP=$!
+        DRAFTSMITH_GPUS=0,0,0,0,0,0 python3 -m snakemake --cores 16 --resources gpu=6 \
+            --configfile configs/study-smollm2.yaml --rerun-incomplete --nolock --keep-going ${STUDY_ARGS:-} > /tmp/study/snakemake.log 2>&1
+        echo "study exit $?" >> /tmp/study/snakemake.log
+        wait $SWEEP; kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
+        ;;
+    watch)  # until the detached study ends or WATCH_S seconds pass; then its logs and results into $OUT
+        R=results/study-smollm2
+        END=$((SECONDS + ${WATCH_S:-560}))
+        while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
+            sleep 30; echo "$(date +%T) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) done"
+        done
+        [ -f /tmp/study/done ] && echo "finished $(cat /tmp/study/done)"
+        grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
+        grep -l -i -E "traceback" $R/logs/*.log $R/logs/*/*.log $R/logs/*/*/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
+        cp /tmp/study/*.log /tmp/study/*.json "$OUT/" 2>/dev/null
+        tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
+            --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' $R 2>/dev/null
+        tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
+        cat /tmp/study/sweep.log 2>/dev/null | tail -15; cat $R/study/summary.md 2>/dev/null | head -60
         ;;
     sweep)  # issue 20's recipe knobs on the study's merged data at 2,902 samples, six trainings at once on one GPU
         R=results/study-smollm2
