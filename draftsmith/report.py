@@ -212,6 +212,11 @@ def drafter_lines(train_summary: dict) -> str:
     lines = ["## Drafter", ""]
     if acc is not None and base is not None:
         lines.append(f"- held-out block-position-1 accuracy {acc:.3f} vs frequency baseline {base:.3f}")
+    if "heldout_tau" in train_summary:
+        lines.append(
+            f"- held-out acceptance length {train_summary['heldout_tau']:.2f} (1 + the run of correct "
+            "predictions from position 1, mean over the held-out blocks: greedy DFlash tau without the loop)"
+        )
     if "first_loss" in train_summary and "final_loss_mean_last10pct" in train_summary:
         lines.append(
             f"- training loss {train_summary['first_loss']:.3f} -> "

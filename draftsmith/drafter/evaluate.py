@@ -1,5 +1,5 @@
 """Held-out evaluation of a trained drafter (accuracy per block position against a frequency baseline, and the
-tau it implies), the run's summary and its training curves."""
+acceptance length a greedy loop would see), the run's summary and its training curves."""
 
 from __future__ import annotations
 
@@ -17,17 +17,6 @@ from draftsmith.drafter.model import Drafter, build_masks, uses_flex
 EVAL_EPOCH = 1_000_000  # anchor seed of the held-out evaluation: fixed, and never a training epoch
 
 
-def tau_readings(acc: list[float]) -> tuple[float, float]:
-    """Acceptance length implied by per-position accuracies (acc[0] is position 1): if the positions' hits
-    were independent (1 + sum of running products) and if each hit implied the hits before it (1 + sum). The
-    real loop's tau is a different measurement; these rank variants."""
-    independent, running = 1.0, 1.0
-    for a in acc:
-        running *= a
-        independent += running
-    return independent, 1.0 + sum(acc)
-
-
 @torch.no_grad()
 def evaluate(
     model: Drafter,
@@ -40,10 +29,13 @@ def evaluate(
     device: torch.device,
     dtype: torch.dtype,
 ) -> dict:
-    """Held-out accuracy per block position, and the frequency baseline for position 1 (always predicting the
-    most frequent position-1 label of the held-out set: what a drafter that ignores the context would get)."""
+    """Held-out accuracy per block position, the frequency baseline for position 1 (always predicting the
+    most frequent position-1 label of the held-out set: what a drafter that ignores the context would get),
+    and `heldout_tau`: 1 + the mean run of correct predictions from position 1 over the held-out blocks, the
+    acceptance length a greedy loop would see at those anchors when the answers are the target's own."""
     B = cfg.block_size
     correct, count = torch.zeros(B), torch.zeros(B)
+    runs: list[torch.Tensor] = []
     first_labels: list[torch.Tensor] = []
     pos_w = position_weights(B, 1.0)
     model.eval()
@@ -56,7 +48,7 @@ def evaluate(
         batch = batch.to(device, dtype)
         masks = build_masks(batch.layout, cfg, uses_flex(cfg, device))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            _, c, n = block_loss(model, embed, lm_head, batch, masks, pos_w)
+            _, c, n = block_loss(model, embed, lm_head, batch, masks, pos_w, runs=runs)
         correct += c.cpu()
         count += n.cpu()
     model.train()
@@ -64,12 +56,14 @@ def evaluate(
     labels = labels[labels >= 0]
     baseline = float(torch.bincount(labels).max() / labels.numel()) if labels.numel() else float("nan")
     acc = (correct / count.clamp_min(1)).tolist()
+    run = torch.cat(runs).float() if runs else torch.zeros(0)
     return {
         "heldout_samples": int(len(indices)),
         "heldout_blocks": int(count[1].item()),
         "heldout_acc": {str(k): acc[k] for k in range(1, B)},
         "heldout_acc_1": acc[1],
         "frequency_baseline_1": baseline,
+        "heldout_tau": 1.0 + float(run.mean()) if run.numel() else float("nan"),
     }
 
 

@@ -67,8 +67,11 @@ def block_loss(
     batch: Batch,
     masks: dict,
     pos_w: torch.Tensor,
+    runs: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Mean weighted CE over trained block positions; also per-position (correct, count) over [B]."""
+    """Mean weighted CE over trained block positions; also per-position (correct, count) over [B]. With `runs`
+    given, appends each block's run of correct predictions from position 1 (what the real loop would accept
+    there) for the blocks that have a position-1 label."""
     B = batch.layout.block_size
     x = F.embedding(batch.block_tokens, embed)
     h = model(batch.taps, batch.layout.ctx_pos, x, batch.query_positions(), masks)
@@ -81,4 +84,10 @@ def block_loss(
     loss = total / denom if rows.shape[0] else h.sum() * 0.0  # keeps DDP's graph whole on an empty batch
     correct = torch.zeros(B, device=h.device).index_add_(0, slot, (pred == lab).float())
     count = torch.zeros(B, device=h.device).index_add_(0, slot, torch.ones_like(w))
+    if runs is not None:
+        hit = torch.zeros(batch.labels.shape[0], dtype=torch.long, device=h.device)
+        hit[keep] = (pred == lab).long()
+        hit = hit.view(-1, B)[:, 1:]  # [blocks, B-1]; a missing label ends the run, as an answer's end does
+        scored = batch.labels.view(-1, B)[:, 1] >= 0
+        runs.append(hit.cumprod(dim=1).sum(dim=1)[scored])
     return loss, correct, count

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from draftsmith.config import section_arg
+from draftsmith.core.runtime import set_threads
 from draftsmith.drafter.train import run
 from draftsmith.target.files import resolve_target
 from draftsmith.target.mask import no_mask_message, settle_mask_token
@@ -21,7 +22,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--drafter-json", default="{}", help="the config's `drafter` section as JSON")
     p.add_argument("--train-json", default="{}", help="the config's `train` section as JSON")
     p.add_argument("--target-json", default="{}", help="the config's `target` section (mask token, template)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: every core)")
     a = p.parse_args(argv)
+    set_threads(a.threads)
+    import torch
+
+    print(f"torch threads: {torch.get_num_threads()}", file=sys.stderr)
     target = resolve_target(a.target)
     drafter = section_arg(a.drafter_json, "drafter")
     choice = settle_mask_token(target, section_arg(a.target_json, "target"), drafter["mask_token_id"])

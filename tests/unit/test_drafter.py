@@ -170,6 +170,33 @@ def test_chunked_loss_matches_plain_cross_entropy():
     assert correct.sum() == (pred == batch.labels[keep]).sum()
 
 
+def test_block_runs_count_the_correct_predictions_from_position_one():
+    """The held-out acceptance length: a block whose first k labels are what the drafter predicts and whose
+    next one is not scores a run of k, whatever follows."""
+    torch.manual_seed(0)
+    cfg = tiny_cfg(block_size=5)
+    model, embed, head = Drafter(cfg), torch.randn(V, H), torch.randn(V, H)
+    samples = _toy_samples(2, 16, 2 * H, 3)
+    batch = make_batch(
+        samples, [torch.tensor([1, 6, 9]), torch.tensor([2, 8])], cfg.block_size, cfg.mask_token_id
+    )
+    masks = build_masks(batch.layout, cfg, use_flex=False)
+    x = torch.nn.functional.embedding(batch.block_tokens, embed)
+    pred = (model(batch.taps, batch.layout.ctx_pos, x, batch.query_positions(), masks) @ head.T).argmax(-1)
+    B, want = cfg.block_size, [0, 1, 4, 2, 3]  # per block: how many leading labels to make right
+    labels = batch.labels.view(-1, B)
+    assert (labels[:, 1:] >= 0).all()  # every block lies inside its sequence
+    for b, k in enumerate(want):
+        row = pred.view(-1, B)[b]
+        labels[b, 1 : 1 + k] = row[1 : 1 + k]
+        if 1 + k < B:
+            labels[b, 1 + k] = (row[1 + k] + 1) % V  # the first miss
+            labels[b, 2 + k :] = row[2 + k :]  # right again after it: still not accepted
+    runs: list[torch.Tensor] = []
+    block_loss(model, embed, head, batch, masks, position_weights(B, 1.0), runs=runs)
+    assert torch.cat(runs).tolist() == want
+
+
 def test_mask_token_resolution(tmp_path):
     assert resolve_mask_token_id(5, 7, 10) == 5
     assert resolve_mask_token_id("auto", 7, 10) == 7

@@ -29,7 +29,8 @@ rule train:
         tcfg=target_json(drop=("dtype", "expect")),
     shell:
         "python -m draftsmith.steps.train --dataset {input.dataset} --target {params.target} --out {params.out}"
-        " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg} > {log} 2>&1"
+        " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
+        " --threads {threads} > {log} 2>&1"
 
 
 rule export:
