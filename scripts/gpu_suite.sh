@@ -67,10 +67,13 @@ for phase in "$@"; do
         R=results/study-smollm2
         (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > /tmp/study/gpu.log 2>&1 &
         MONITOR=$!
-        (until [ -s $R/merged/manifest.json ]; do sleep 5; done; sleep ${SWEEP_DELAY:-45}   # the study's trainings take their slots first
-         DRAFTSMITH_GPUS=0,0,0,0,0,0 python3 -m draftsmith.perf.sweep_train --dataset $R/merged/manifest.json \
-            --target $R/target/model --configfile configs/study-smollm2.yaml --samples ${SWEEP_SAMPLES:-1452} \
-            --parallel 3 --out-dir /tmp/sweep --json-out /tmp/study/sweep.json \
+        # the sweep waits for the main training (GPU-bound trainings side by side only share the GPU's time), then
+        # overlaps the benches, which wait on the CPU; own pool and two threads a training (with every core each,
+        # the 2026-12-02 sweep starved the study's jobs and the GPU idled)
+        (until [ -s $R/train/summary.json ]; do sleep 10; done
+         DRAFTSMITH_GPUS=0,0,0 DRAFTSMITH_GPU_POOL=/tmp/sweep_pool python3 -m draftsmith.perf.sweep_train \
+            --dataset $R/merged/manifest.json --target $R/target/model --configfile configs/study-smollm2.yaml \
+            --samples ${SWEEP_SAMPLES:-1452} --parallel 3 --threads 2 --out-dir /tmp/sweep --json-out /tmp/study/sweep.json \
             --vary drafter.num_layers=5 --vary drafter.block_size=8 --vary train.anchors_per_seq=128 \
             --vary train.lr=3e-3 --vary train.epochs=12 > /tmp/study/sweep.log 2>&1; echo "sweep exit $?" >> /tmp/study/sweep.log) &
         SWEEP=$!
@@ -81,6 +84,7 @@ for phase in "$@"; do
         ;;
     watch)  # until the detached study ends or WATCH_S seconds pass; then its logs and results into $OUT
         R=results/study-smollm2
+        [ -f /tmp/study/bg.log ] || { echo "no study on this machine (a fresh one: the last went back); run study_start"; exit 3; }
         END=$((SECONDS + ${WATCH_S:-560}))
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
             sleep 30; echo "$(date +%T) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) done"
