@@ -32,6 +32,7 @@ def regenerate(
     top_p: float = 1.0,
     sync_every: int = 8,
     cuda_graph: bool = True,
+    min_refill: int = 1,
 ) -> tuple[pd.DataFrame, RegenStats]:
     """Replaces each last assistant turn with the target's own answer (drafters learn the target, not the
     data)."""
@@ -59,6 +60,7 @@ def regenerate(
         sync_every=sync_every,
         pad_id=pad,
         cuda_graph=cuda_graph,
+        min_refill=min_refill,
     )
     answers, stats = engine.run(prompts, max_new_tokens)
     log.info("regenerated %s; %s", stats.summary(), stats.admission_summary())
@@ -77,7 +79,8 @@ def regenerate(
 def cache_key(target: dict, regen: dict, max_length: int, samples: pd.DataFrame) -> str:
     """What the answers depend on: the target, the decoding settings and the prompts. Not the slot count or
     the sync interval, which change speed only, so a retry with fewer slots still reuses them."""
-    decoding = {k: v for k, v in regen.items() if k not in ("batch_size", "sync_every", "cuda_graph")}
+    speed_only = ("batch_size", "sync_every", "cuda_graph", "min_refill")
+    decoding = {k: v for k, v in regen.items() if k not in speed_only}
     prompts = [
         np.asarray(ids[:pl]).tobytes().hex() for ids, pl in zip(samples["input_ids"], samples["prompt_len"])
     ]
@@ -130,4 +133,5 @@ def regenerate_shard(
         top_p=float(regen["top_p"]),
         sync_every=int(regen["sync_every"]),
         cuda_graph=bool(regen["cuda_graph"]),
+        min_refill=int(regen["min_refill"]),
     )

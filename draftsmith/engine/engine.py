@@ -124,6 +124,7 @@ class Engine:
         cuda_graph: bool = False,
         fused_kernels: bool = True,
         pow2_groups: bool = True,
+        min_refill: int = 1,
     ):
         self.model = model
         self.device = next(model.parameters()).device
@@ -145,6 +146,9 @@ class Engine:
         # refills of 1, 2, 3, ... prompts would pay that (1 to 12 s on the 27B shape, one H200) for each new
         # size, so groups are cut to powers of two
         self.pow2_groups = pow2_groups
+        # an admission costs about the same for 1 prompt as for 16 on a small target: with min_refill k, free
+        # slots wait until k of them (or the rest of the queue) can be filled at once, unless none decode
+        self.min_refill = max(1, min_refill)
         self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
         head = model.get_output_embeddings().weight.device  # where the logits are (the last GPU of a group)
@@ -328,6 +332,8 @@ class Engine:
         while queue or any(o >= 0 for o in owner):
             free = [s for s in range(self.slots) if owner[s] < 0]
             while free and queue:  # admit as many prompts as there are free slots, prefilled in groups
+                if len(free) < min(self.min_refill, len(queue)) and any(o >= 0 for o in owner):
+                    break  # too few free slots to be worth an admission while others still decode
                 group: list[int] = [queue.popleft()]  # longest first: the group's width is its first prompt
                 while (
                     queue

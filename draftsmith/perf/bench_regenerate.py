@@ -131,6 +131,13 @@ def _parser() -> argparse.ArgumentParser:
         help="prefill refill groups of any size, not only powers of two (the A/B of Engine.pow2_groups)",
     )
     p.add_argument(
+        "--min-refill",
+        type=int,
+        default=1,
+        help="free slots wait for this many before a refill (Engine.min_refill; for the A/B, run 1 and k in "
+        "one call)",
+    )
+    p.add_argument(
         "--spread-engine", action="store_true", help="engine rows with answers of 1/8 to all of --new-tokens"
     )
     p.add_argument(
@@ -216,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         unfused_batches=_ints(a.unfused_batches),
         eager_batches=None if a.eager_batches is None else _ints(a.eager_batches),
         pow2_groups=not a.any_group_size,
+        min_refill=a.min_refill,
         spread_engine=a.spread_engine,
         again=a.again,
     )

@@ -56,6 +56,7 @@ def _timed_engine(
     graph: bool,
     fused: bool = True,
     pow2_groups: bool = True,
+    min_refill: int = 1,
 ) -> tuple[Engine, list[list[int]], RegenStats]:
     """One engine run after a one-prompt warm-up (kernels, autotuning, allocator, graph capture)."""
     device = next(model.parameters()).device
@@ -68,6 +69,7 @@ def _timed_engine(
         cuda_graph=graph,
         fused_kernels=fused,
         pow2_groups=pow2_groups,
+        min_refill=min_refill,
     )
     engine.run(prompts[:1], 8, progress=False)  # every step runs all slots, so this warms the full batch
     sync_device(device)
@@ -119,6 +121,7 @@ def same_prompts(
     graph: bool,
     log=print,
     pow2_groups: bool = True,
+    min_refill: int = 1,
 ) -> dict:
     """`generate` and the engine on the same prompts and answer lengths at the same batch size.
 
@@ -152,11 +155,19 @@ def same_prompts(
     )
     max_len = len(prompts[0]) + max(lengths) + 1
     engine, _, stats = _timed_engine(
-        model, prompts, slots=batch, new_tokens=lengths, max_len=max_len, graph=graph, pow2_groups=pow2_groups
+        model,
+        prompts,
+        slots=batch,
+        new_tokens=lengths,
+        max_len=max_len,
+        graph=graph,
+        pow2_groups=pow2_groups,
+        min_refill=min_refill,
     )
     row.update(
         cuda_graph=engine.cuda_graph,
         pow2_groups=pow2_groups,
+        min_refill=min_refill,
         engine_seconds=stats.seconds,
         engine_prefill_seconds=stats.prefill_seconds,
         engine_tokens_per_s=stats.new_tokens_per_s,
@@ -169,7 +180,8 @@ def same_prompts(
         f"({row['new_tokens']} in all), prefill included: generate {row['generate_tokens_per_s']:.0f} new "
         f"tok/s ({gen_s:.1f}s, {row['generate_step_ms']:.0f} ms a step), engine "
         f"{row['engine_tokens_per_s']:.0f} ({stats.seconds:.1f}s, {stats.prefill_seconds:.1f}s of it "
-        f"prefill, graph {row['cuda_graph']}, groups of powers of two {pow2_groups}): {row['ratio']:.1f}x; "
+        f"prefill, graph {row['cuda_graph']}, powers of two {pow2_groups}, min refill {min_refill}): "
+        f"{row['ratio']:.1f}x; "
         f"decoding alone: generate {row['generate_decode_tokens_per_s']:.0f}, engine "
         f"{row['engine_decode_tokens_per_s']:.0f}: {row['decode_ratio']:.1f}x"
     )
@@ -288,6 +300,7 @@ def _engine_row(
     graph: bool,
     fused: bool,
     pow2_groups: bool,
+    min_refill: int,
     first_answers: list[list[int]] | None,
     again: bool,
     log,
@@ -304,6 +317,7 @@ def _engine_row(
             graph=graph,
             fused=fused,
             pow2_groups=pow2_groups,
+            min_refill=min_refill,
         )
     except Exception as e:  # noqa: BLE001 - a failed variant is a figure too; the others still run
         log(f"engine  batch {batch:4d} graph {graph}: FAILED {type(e).__name__}: {e}")
@@ -345,6 +359,7 @@ def engine_rows(
     spread_engine: bool,
     seed: int,
     pow2_groups: bool,
+    min_refill: int,
     again: bool,
     log=print,
 ) -> tuple[list[dict], bool]:
@@ -368,6 +383,7 @@ def engine_rows(
                 graph=graph,
                 fused=fused,
                 pow2_groups=pow2_groups,
+                min_refill=min_refill,
                 first_answers=first_answers,
                 again=again,
                 log=log,
@@ -416,6 +432,7 @@ def bench(
     eager_batches: tuple[int, ...] | None = None,
     seed: int = 0,
     pow2_groups: bool = True,
+    min_refill: int = 1,
     spread_engine: bool = False,
     again: bool = False,
     log=print,
@@ -451,6 +468,7 @@ def bench(
         spread_engine=spread_engine,
         seed=seed,
         pow2_groups=pow2_groups,
+        min_refill=min_refill,
         again=again,
         log=log,
     )
@@ -467,6 +485,7 @@ def bench(
                 graph=graphs[-1] and graph_ok,
                 log=log,
                 pow2_groups=pow2_groups,
+                min_refill=min_refill,
             )
         )
     return result

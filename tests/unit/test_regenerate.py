@@ -61,6 +61,23 @@ def test_prefill_groups_are_powers_of_two(model):
     assert 3 in runs[False]  # without the rule, the same queue gives a group of three
 
 
+def test_min_refill_waits_for_free_slots_and_keeps_the_answers(model):
+    """With min_refill 2, a slot freed alone waits for a second one (or for the queue's last prompt) before an
+    admission: fewer, larger refills, the same greedy answers."""
+    prompts = _prompts() * 3  # 21 prompts through 8 slots, admitted in groups of up to 2 (slots / 4)
+    lengths = [3 + (7 * i) % 13 for i in range(len(prompts))]  # answers end at different steps
+    refs = [_reference(model, p, n, None) for p, n in zip(prompts, lengths)]
+    sizes = {}
+    for k in (1, 2):
+        engine = Engine(model, slots=8, max_len=80, eos_ids=[], sync_every=1, pow2_groups=False, min_refill=k)
+        got, stats = engine.run(prompts, lengths, progress=False)
+        assert got == refs
+        sizes[k] = [n for n, _ in stats.admissions]
+        assert sum(sizes[k]) == len(prompts)
+    assert 1 in sizes[1][1:] and len(sizes[2]) < len(sizes[1]), sizes
+    assert all(n >= 2 for n in sizes[2][:-1]), sizes  # only the queue's tail may come alone
+
+
 def test_answer_is_capped_by_the_cache_length(model):
     prompts = _prompts()
     engine = Engine(model, slots=4, max_len=30, eos_ids=[], sync_every=3)
@@ -189,7 +206,7 @@ def test_answers_are_kept_for_a_rerun(model, tmp_path):
         Tok(),
         samples,
         cache,
-        cache_key(target, {**regen, "batch_size": 2}, 64, samples),
+        cache_key(target, {**regen, "batch_size": 2, "min_refill": 2}, 64, samples),
         slots=2,
         **kw,
     )
