@@ -17,6 +17,15 @@ if ! command -v python >/dev/null; then  # the rules call `python`
 fi
 SHAPE=configs/shapes/qwen3.6-27b.json
 
+unpack_study_inputs() {  # the study's GGUF from its two staged parts (checked against its SHA-256) and prompt files
+    local R=$1 G=$1/inputs/SmolLM2-135M-Instruct.Q4_1.gguf
+    [ -s $G ] && return 0
+    mkdir -p $R/inputs && tar xzf .stage/b/inputs.tgz -C $R/inputs
+    cat /tmp/stage/a.part .stage/b/gguf.part > $G.tmp
+    [ "$(sha256sum < $G.tmp | cut -c1-64)" = "$(cat .stage/b/gguf.sha256)" ] || { echo "GGUF parts do not match"; return 1; }
+    mv $G.tmp $G
+}
+
 for phase in "$@"; do
     echo "=== $phase $(date +%T)"
     case $phase in
@@ -31,13 +40,7 @@ for phase in "$@"; do
         # (.stage/a, then .stage/b with the prompt files: no call carries more than 64 MiB); rerunning the phase
         # resumes the DAG where the last call's time ran out.
         R=results/study-smollm2
-        if [ ! -s $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-            mkdir -p $R/inputs && tar xzf .stage/b/inputs.tgz -C $R/inputs
-            cat /tmp/stage/a.part .stage/b/gguf.part > $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp
-            [ "$(sha256sum < $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp | cut -c1-64)" = "$(cat .stage/b/gguf.sha256)" ] \
-                || { echo "GGUF parts do not match"; exit 1; }
-            mv $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf
-        fi
+        unpack_study_inputs $R || exit 1
         (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > "$OUT/study_gpu.log" 2>&1 &
         MONITOR=$!
         DRAFTSMITH_GPUS=0,0,0,0,0,0 timeout -s INT -k 30 ${STUDY_S:-520} python3 -m snakemake --cores 16 --resources gpu=6 \
@@ -52,13 +55,7 @@ for phase in "$@"; do
         # DAG and the sweep in their own process session, which outlives this call while the machine stays warm;
         # `watch` calls follow back to back. Logs under /tmp/study.
         R=results/study-smollm2
-        if [ ! -s $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-            mkdir -p $R/inputs && tar xzf .stage/b/inputs.tgz -C $R/inputs
-            cat /tmp/stage/a.part .stage/b/gguf.part > $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp
-            [ "$(sha256sum < $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp | cut -c1-64)" = "$(cat .stage/b/gguf.sha256)" ] \
-                || { echo "GGUF parts do not match"; exit 1; }
-            mv $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf.tmp $R/inputs/SmolLM2-135M-Instruct.Q4_1.gguf
-        fi
+        unpack_study_inputs $R || exit 1
         mkdir -p /tmp/study && rm -f /tmp/study/done
         setsid nohup bash scripts/gpu_suite.sh study_bg > /tmp/study/bg.log 2>&1 < /dev/null &
         sleep 5; cat /tmp/study/bg.log
