@@ -67,7 +67,7 @@ for phase in "$@"; do
         # the sweep waits for the main training (GPU-bound trainings side by side only share the GPU's time), then
         # overlaps the benches, which wait on the CPU; own pool and two threads a training (with every core each,
         # the 2026-12-02 sweep starved the study's jobs and the GPU idled)
-        (until [ -s $R/train/summary.json ]; do sleep 10; done
+        (until [ -s $R/train/summary.json ]; do grep -q "study exit" /tmp/study/snakemake.log 2>/dev/null && exit; sleep 10; done
          DRAFTSMITH_GPUS=0,0,0 DRAFTSMITH_GPU_POOL=/tmp/sweep_pool python3 -m draftsmith.perf.sweep_train \
             --dataset $R/merged/manifest.json --target $R/target/model --configfile configs/study-smollm2.yaml \
             --samples ${SWEEP_SAMPLES:-1452} --parallel 3 --threads 2 --out-dir /tmp/sweep --json-out /tmp/study/sweep.json \
