@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study|study_start|watch|sweep|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|sweep|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -36,24 +36,10 @@ for phase in "$@"; do
     stage_a)  # the study's first call: the GGUF's first part (.stage/a), kept in /tmp while the machine stays warm
         mkdir -p /tmp/stage && cp .stage/a/gguf.part /tmp/stage/a.part && ls -l /tmp/stage
         ;;
-    study)  # issue 20: configs/study-smollm2.yaml on one GPU shared by six jobs. The GGUF comes in two calls
-        # (.stage/a, then .stage/b with the prompt files: no call carries more than 64 MiB); rerunning the phase
-        # resumes the DAG where the last call's time ran out.
-        R=results/study-smollm2
-        unpack_study_inputs $R || exit 1
-        (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > "$OUT/study_gpu.log" 2>&1 &
-        MONITOR=$!
-        DRAFTSMITH_GPUS=0,0,0,0,0,0 timeout -s INT -k 30 ${STUDY_S:-520} python3 -m snakemake --cores 16 --resources gpu=6 \
-            --configfile configs/study-smollm2.yaml --rerun-incomplete --nolock --keep-going -q ${STUDY_ARGS:-} >> "$OUT/study_snakemake.log" 2>&1
-        echo "study exit $?"; kill $MONITOR 2>/dev/null; tail -15 "$OUT/study_snakemake.log"
-        grep -l -i -E "error|traceback" $R/logs/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
-        tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
-            --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' $R 2>/dev/null
-        ls -l "$OUT"; cat $R/study/summary.md 2>/dev/null | head -60
-        ;;
-    study_start)  # issue 20 without losing work at call boundaries: unpack the inputs (as `study`), then run the
-        # DAG and the sweep in their own process session, which outlives this call while the machine stays warm;
-        # `watch` calls follow back to back. Logs under /tmp/study.
+    study_start)  # issue 20: configs/study-smollm2.yaml on one GPU shared by six jobs. The GGUF comes in two
+        # calls (.stage/a, then .stage/b with the prompt files: no call carries more than 64 MiB). The DAG and
+        # the sweep run in their own process session, which outlives this call while the machine stays warm, so
+        # no call's end stops a training; `watch` calls follow back to back. Logs under /tmp/study.
         R=results/study-smollm2
         unpack_study_inputs $R || exit 1
         mkdir -p /tmp/study && rm -f /tmp/study/done

