@@ -46,31 +46,42 @@ for phase in "$@"; do
         setsid nohup bash scripts/gpu_suite.sh study_bg > /tmp/study/bg.log 2>&1 < /dev/null &
         sleep 5; cat /tmp/study/bg.log
         ;;
-    study_bg)  # started by study_start: the study DAG, and the sweep once the merged data exists
-        R=results/study-smollm2
+    study_bg)  # started by study_start: the data, a sweep that chooses the recipe, the trainings, then the benches
+        R=results/study-smollm2 CFG=configs/study-smollm2.yaml LOG=/tmp/study/snakemake.log
         (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > /tmp/study/gpu.log 2>&1 &
         MONITOR=$!
-        # the sweep waits for the main training (GPU-bound trainings side by side only share the GPU's time), then
-        # overlaps the benches, which wait on the CPU; own pool and two threads a training (with every core each,
-        # the 2026-12-02 sweep starved the study's jobs and the GPU idled)
-        (until [ -s $R/train/summary.json ]; do grep -q "study exit" /tmp/study/snakemake.log 2>/dev/null && exit; sleep 10; done
-         DRAFTSMITH_GPUS=0,0,0 DRAFTSMITH_GPU_POOL=/tmp/sweep_pool python3 -m draftsmith.perf.sweep_train \
-            --dataset $R/merged/manifest.json --target $R/target/model --configfile configs/study-smollm2.yaml \
-            --samples ${SWEEP_SAMPLES:-1452} --parallel 3 --threads 2 --out-dir /tmp/sweep --json-out /tmp/study/sweep.json \
-            --vary drafter.num_layers=5 --vary drafter.block_size=8 --vary train.anchors_per_seq=128 \
-            --vary train.lr=3e-3 --vary train.epochs=12 > /tmp/study/sweep.log 2>&1; echo "sweep exit $?" >> /tmp/study/sweep.log) &
-        SWEEP=$!
-        DRAFTSMITH_GPUS=0,0,0,0,0,0 python3 -m snakemake --cores 16 --resources gpu=6 \
-            --configfile configs/study-smollm2.yaml --rerun-incomplete --nolock --keep-going ${STUDY_ARGS:-} > /tmp/study/snakemake.log 2>&1
-        echo "study exit $?" >> /tmp/study/snakemake.log
-        wait $SWEEP; kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
+        study() {  # one Snakemake run of the study on the six slots of GPU 0; its log appended to $LOG
+            echo "stage: $1" > /tmp/study/stage; shift
+            DRAFTSMITH_GPUS=0,0,0,0,0,0 python3 -m snakemake --cores 16 --resources gpu=6 --rerun-incomplete \
+                --nolock "$@" >> $LOG 2>&1
+        }
+        study data dataset --configfile $CFG && {
+            # the recipe's knobs on SWEEP_SAMPLES prompts, each variant at about the base's cost (the LM head over
+            # anchors x block predictions dominates a step), three at a time; the best held-out tau's keys go to
+            # recipe.yaml, which every size of the study then trains with
+            echo "stage: sweep" > /tmp/study/stage
+            DRAFTSMITH_GPUS=0,0,0 DRAFTSMITH_GPU_POOL=/tmp/sweep_pool python3 -m draftsmith.perf.sweep_train \
+                --dataset $R/merged/manifest.json --target $R/target/model --configfile $CFG \
+                --samples ${SWEEP_SAMPLES:-1452} --parallel 3 --out-dir /tmp/sweep --json-out /tmp/study/sweep.json \
+                --best-out /tmp/study/recipe.yaml --vary train.lr=6e-4,3e-3 --vary drafter.num_layers=5 \
+                --variant "train.anchors_per_seq=32 train.epochs=12" \
+                --variant "drafter.block_size=8 train.anchors_per_seq=128" > /tmp/study/sweep.log 2>&1
+            echo "sweep exit $?" >> /tmp/study/sweep.log
+            [ -s /tmp/study/recipe.yaml ] || echo "{}" > /tmp/study/recipe.yaml  # no winner: the preset's recipe
+            # the trainings of every size side by side first (benches beside them halved the main training's
+            # speed on 2026-12-02), then exports, benches and the report
+            study train --configfile $CFG /tmp/study/recipe.yaml --until train study_train
+            study bench --configfile $CFG /tmp/study/recipe.yaml --keep-going
+        }
+        echo "study exit $?" >> $LOG
+        kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
         ;;
     watch)  # until the detached study ends or WATCH_S seconds pass; then its logs and results into $OUT
         R=results/study-smollm2
         [ -f /tmp/study/bg.log ] || { echo "no study on this machine (a fresh one: the last went back); run study_start"; exit 3; }
         END=$((SECONDS + ${WATCH_S:-560}))
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
-            sleep 30; echo "$(date +%T) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) done"
+            sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6"
         done
         [ -f /tmp/study/done ] && echo "finished $(cat /tmp/study/done)"
         grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
@@ -79,7 +90,9 @@ for phase in "$@"; do
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' $R 2>/dev/null
         tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
-        cat /tmp/study/sweep.log 2>/dev/null | tail -15; cat $R/study/summary.md 2>/dev/null | head -60
+        cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
+        cat /tmp/study/sweep.log 2>/dev/null | tail -12; cat /tmp/study/recipe.yaml 2>/dev/null
+        cat $R/study/summary.md 2>/dev/null | head -60
         ;;
     sweep)  # issue 20's recipe knobs on the study's merged data at 2,902 samples, six trainings at once on one GPU
         R=results/study-smollm2

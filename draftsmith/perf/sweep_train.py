@@ -1,10 +1,13 @@
 """A small sweep of the drafter recipe's knobs on one merged data set, scored by held-out accuracy.
 
-Each variant changes one key of a base config (`--vary drafter.num_layers=2,5` makes two variants) and trains
-through the training step itself (`draftsmith.steps.train`, GPU pool included), `--parallel` at a time: with
+Each variant changes one key of a base config (`--vary drafter.num_layers=2,5` makes two variants) or several
+at once (`--variant "train.anchors_per_seq=32 train.epochs=12"`: the same predictions a run, spread over twice the
+passes) and trains through the training step itself (`draftsmith.steps.train`, GPU pool included), `--parallel` at a time: with
 `DRAFTSMITH_GPUS=0,0,0,0` four small trainings share one GPU. Prints a table of held-out accuracy per block
 position, the held-out acceptance length (`heldout_tau`, see drafter/evaluate.py), steps and seconds;
-`--json-out` keeps the rows. The bench measures tau itself; the sweep is the cheap screen before it.
+`--json-out` keeps the rows, `--best-out` writes the winner's changed keys as a config file to pass after the
+run's own (`--configfile run.yaml best.yaml`), so the recipe a study trains is the one the sweep chose. The bench
+measures tau itself; the sweep is the cheap screen before it.
 """
 
 from __future__ import annotations
@@ -39,21 +42,44 @@ def parse_value(text: str):
         return yaml.safe_load(text)
 
 
-def variants(base: dict, vary: list[str]) -> list[tuple[str, dict]]:
-    """The base, then one variant per value of each `section.key=v1,v2` (one key changed at a time)."""
+def assignment(base: dict, spec: str, flag: str) -> tuple[str, str, str]:
+    """`section.key=value` checked against the base config: (section, key, raw value)."""
+    key, _, raw = spec.partition("=")
+    section, _, name = key.partition(".")
+    if section not in SECTIONS or not name or not raw:
+        raise SystemExit(f"{flag} {spec!r}: expected SECTION.KEY=VALUE with SECTION one of {SECTIONS}")
+    if name not in base[section]:
+        raise SystemExit(f"{flag} {spec!r}: `{section}` has no key `{name}` (see the config schema)")
+    return section, name, raw
+
+
+def changed_config(base: dict, changes: list[tuple[str, str, str]]) -> dict:
+    out = {s: dict(v) for s, v in base.items()}
+    for section, name, raw in changes:
+        out[section][name] = parse_value(raw)
+    return out
+
+
+def variants(base: dict, vary: list[str], together: list[str] = ()) -> list[tuple[str, dict]]:
+    """The base, then one variant per value of each `section.key=v1,v2` (one key changed at a time), then one per
+    `--variant` string of space-separated assignments (its keys changed together)."""
     out = [("base", base)]
     for spec in vary:
-        key, _, values = spec.partition("=")
-        section, _, name = key.partition(".")
-        if section not in SECTIONS or not name or not values:
-            raise SystemExit(f"--vary {spec!r}: expected SECTION.KEY=V1,V2 with SECTION one of {SECTIONS}")
-        if name not in base[section]:
-            raise SystemExit(f"--vary {spec!r}: `{section}` has no key `{name}` (see the config schema)")
+        section, name, values = assignment(base, spec, "--vary")
         for raw in values.split(","):
-            changed = {s: dict(v) for s, v in base.items()}
-            changed[section][name] = parse_value(raw)
-            out.append((f"{section}.{name}={raw}", changed))
+            out.append((f"{section}.{name}={raw}", changed_config(base, [(section, name, raw)])))
+    for spec in together:
+        changes = [assignment(base, part, "--variant") for part in spec.split()]
+        if not changes:
+            raise SystemExit("--variant '': expected SECTION.KEY=VALUE assignments separated by spaces")
+        out.append((" ".join(f"{s}.{n}={r}" for s, n, r in changes), changed_config(base, changes)))
     return out
+
+
+def overlay(base: dict, chosen: dict) -> dict:
+    """The drafter and train keys in which a variant differs from the base: a config file's worth."""
+    diff = {s: {k: v for k, v in chosen[s].items() if base[s].get(k) != v} for s in SECTIONS}
+    return {s: keys for s, keys in diff.items() if keys}
 
 
 def base_config(configfile: str | None, samples: int | None, max_steps: int | None) -> dict:
@@ -115,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target", required=True, help="the target's model directory")
     p.add_argument("--configfile", help="the run's config: its drafter and train sections are the base")
     p.add_argument("--vary", action="append", default=[], help="SECTION.KEY=V1,V2 (repeatable)")
+    p.add_argument(
+        "--variant", action="append", default=[], help="'SECTION.KEY=V SECTION.KEY=V': one variant (repeatable)"
+    )
     p.add_argument("--samples", type=int, help="train.max_samples for every variant")
     p.add_argument("--max-steps", type=int, help="train.max_steps for every variant")
     p.add_argument("--parallel", type=int, default=1, help="trainings at once (GPU slots of the pool)")
@@ -126,8 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--out-dir", default="sweep", help="one training folder per variant")
     p.add_argument("--json-out")
+    p.add_argument("--best-out", help="YAML: the drafter/train keys of the longest held-out tau's variant")
     a = p.parse_args(argv)
-    runs = variants(base_config(a.configfile, a.samples, a.max_steps), a.vary)
+    base = base_config(a.configfile, a.samples, a.max_steps)
+    runs = variants(base, a.vary, a.variant)
     out_dir = Path(a.out_dir)
     threads = a.threads or max(1, (os.cpu_count() or 1) // max(1, a.parallel))
     print(f"{len(runs)} variants, {a.parallel} at a time, {threads} threads each: {out_dir}", file=sys.stderr)
@@ -151,6 +182,14 @@ def main(argv: list[str] | None = None) -> None:
         Path(a.json_out).write_text(json.dumps(rows, indent=1))
     if all("error" in r for r in rows):
         sys.exit("sweep: every variant failed (see the train.log under each variant's folder)")
+    if a.best_out:
+        best = max(range(len(rows)), key=lambda i: rows[i].get("heldout_tau", 0.0))
+        keys = overlay(base, runs[best][1])
+        note = f"# chosen by draftsmith.perf.sweep_train: {rows[best]['variant']}, held-out tau {rows[best]['heldout_tau']}\n"
+        tmp = Path(a.best_out + ".tmp")
+        tmp.write_text(note + (yaml.safe_dump(keys, sort_keys=False) if keys else "{}\n"))
+        tmp.replace(a.best_out)
+        print(f"best: {rows[best]['variant']} -> {a.best_out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

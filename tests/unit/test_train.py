@@ -328,7 +328,8 @@ def test_a_subset_at_equal_compute_trains_the_whole_splits_steps(toy, tmp_path):
 
 def test_sweep_trains_one_variant_per_value_and_ranks_them(toy, tmp_path, monkeypatch, capsys):
     """The recipe sweep (draftsmith.perf.sweep_train) runs the training step per variant, two at a time, and
-    its table holds every variant's held-out accuracy; a bad key stops it before any training."""
+    its table holds every variant's held-out accuracy, the winner's changed keys become a config file; a bad key
+    stops it before any training."""
     from draftsmith.perf import sweep_train
 
     cfg = tmp_path / "c.yaml"
@@ -337,15 +338,22 @@ def test_sweep_trains_one_variant_per_value_and_ranks_them(toy, tmp_path, monkey
     monkeypatch.setenv("DRAFTSMITH_GPUS", "")
     args = ["--dataset", str(toy["manifest"]), "--target", str(toy["target"]), "--configfile", str(cfg)]
     out = ["--out-dir", str(tmp_path / "sweep"), "--json-out", str(tmp_path / "rows.json"), "--parallel", "2"]
-    sweep_train.main([*args, *out, "--vary", "train.lr=1e-3", "--vary", "drafter.num_layers=2"])
+    best = tmp_path / "best.yaml"
+    together = "drafter.num_layers=2 train.lr=2e-3"
+    sweep_train.main([*args, *out, "--vary", "train.lr=1e-3", "--variant", together, "--best-out", str(best)])
     rows = json.loads((tmp_path / "rows.json").read_text())
-    assert [r["variant"] for r in rows] == ["base", "train.lr=1e-3", "drafter.num_layers=2"]
+    assert [r["variant"] for r in rows] == ["base", "train.lr=1e-3", together]
     share = max(1, (os.cpu_count() or 1) // 2)  # the cores split between the two trainings at a time
     for v in ("v00", "v01", "v02"):
         assert f"torch threads: {share}\n" in (tmp_path / "sweep" / v / "train.log").read_text()
     assert all(len(r["heldout_acc"]) == DRAFTER["block_size"] - 1 and r["steps"] > 0 for r in rows), rows
     two_layers = json.loads((tmp_path / "sweep/v02/final/config.json").read_text())
     assert two_layers["num_hidden_layers"] == 2
+    winner = max(rows, key=lambda r: r["heldout_tau"])["variant"]
+    expected = {"base": {}, "train.lr=1e-3": {"train": {"lr": 1e-3}}}
+    expected[together] = {"drafter": {"num_layers": 2}, "train": {"lr": 2e-3}}
+    assert yaml.safe_load(best.read_text()) == expected[winner]
+    assert best.read_text().startswith(f"# chosen by draftsmith.perf.sweep_train: {winner},")
     assert rows[0]["heldout_acc"] != rows[1]["heldout_acc"]  # the learning rate reached the training
     for r in rows:  # a run of hits is at most the sum of the positions' hit rates
         assert 1.0 <= r["heldout_tau"] <= 1.0 + sum(r["heldout_acc"]) + 1e-6, r
@@ -353,3 +361,5 @@ def test_sweep_trains_one_variant_per_value_and_ranks_them(toy, tmp_path, monkey
     assert printed.count("\n| ") == 3 + 1 and "acc_1" in printed  # header, rule, three rows
     with pytest.raises(SystemExit, match="has no key `layers`"):
         sweep_train.main([*args, *out, "--vary", "drafter.layers=2"])
+    with pytest.raises(SystemExit, match="--variant 'train.lr': expected SECTION.KEY=VALUE"):
+        sweep_train.main([*args, *out, "--variant", "drafter.num_layers=2 train.lr"])
