@@ -1,13 +1,13 @@
 """A small sweep of the drafter recipe's knobs on one merged data set, scored by held-out accuracy.
 
-Each variant changes one key of a base config (`--vary drafter.num_layers=2,5` makes two variants) or several
-at once (`--variant "train.anchors_per_seq=32 train.epochs=12"`: the same predictions a run, spread over twice the
-passes) and trains through the training step itself (`draftsmith.steps.train`, GPU pool included), `--parallel` at a time: with
-`DRAFTSMITH_GPUS=0,0,0,0` four small trainings share one GPU. Prints a table of held-out accuracy per block
-position, the held-out acceptance length (`heldout_tau`, see drafter/evaluate.py), steps and seconds;
-`--json-out` keeps the rows, `--best-out` writes the winner's changed keys as a config file to pass after the
-run's own (`--configfile run.yaml best.yaml`), so the recipe a study trains is the one the sweep chose. The bench
-measures tau itself; the sweep is the cheap screen before it.
+Each variant changes one key of a base config (`--vary drafter.num_layers=2,5` makes two variants) or
+several at once (`--variant "train.anchors_per_seq=32 train.epochs=12"`: the same predictions a run, spread
+over twice the passes) and trains through the training step itself (`draftsmith.steps.train`, GPU pool
+included), `--parallel` at a time: with `DRAFTSMITH_GPUS=0,0,0,0` four small trainings share one GPU. Prints a
+table of held-out accuracy per block position, the held-out acceptance length (`heldout_tau`, see
+drafter/evaluate.py), steps and seconds; `--json-out` keeps the rows, `--best-out` writes the winner's changed
+keys as a config file to pass after the run's own (`--configfile run.yaml best.yaml`), so the recipe a study
+trains is the one the sweep chose. The bench measures tau itself; the sweep is the cheap screen before it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,9 +61,9 @@ def changed_config(base: dict, changes: list[tuple[str, str, str]]) -> dict:
     return out
 
 
-def variants(base: dict, vary: list[str], together: list[str] = ()) -> list[tuple[str, dict]]:
-    """The base, then one variant per value of each `section.key=v1,v2` (one key changed at a time), then one per
-    `--variant` string of space-separated assignments (its keys changed together)."""
+def variants(base: dict, vary: list[str], together: Sequence[str] = ()) -> list[tuple[str, dict]]:
+    """The base, then one variant per value of each `section.key=v1,v2` (one key changed at a time), then one
+    per `--variant` string of space-separated assignments (its keys changed together)."""
     out = [("base", base)]
     for spec in vary:
         section, name, values = assignment(base, spec, "--vary")
@@ -142,7 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--configfile", help="the run's config: its drafter and train sections are the base")
     p.add_argument("--vary", action="append", default=[], help="SECTION.KEY=V1,V2 (repeatable)")
     p.add_argument(
-        "--variant", action="append", default=[], help="'SECTION.KEY=V SECTION.KEY=V': one variant (repeatable)"
+        "--variant",
+        action="append",
+        default=[],
+        help="'SECTION.KEY=V SECTION.KEY=V': one variant (repeatable)",
     )
     p.add_argument("--samples", type=int, help="train.max_samples for every variant")
     p.add_argument("--max-steps", type=int, help="train.max_steps for every variant")
@@ -185,7 +189,11 @@ def main(argv: list[str] | None = None) -> None:
     if a.best_out:
         best = max(range(len(rows)), key=lambda i: rows[i].get("heldout_tau", 0.0))
         keys = overlay(base, runs[best][1])
-        note = f"# chosen by draftsmith.perf.sweep_train: {rows[best]['variant']}, held-out tau {rows[best]['heldout_tau']}\n"
+        winner = rows[best]
+        note = (
+            f"# chosen by draftsmith.perf.sweep_train: {winner['variant']}, "
+            f"held-out tau {winner['heldout_tau']}\n"
+        )
         tmp = Path(a.best_out + ".tmp")
         tmp.write_text(note + (yaml.safe_dump(keys, sort_keys=False) if keys else "{}\n"))
         tmp.replace(a.best_out)

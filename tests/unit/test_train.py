@@ -328,8 +328,8 @@ def test_a_subset_at_equal_compute_trains_the_whole_splits_steps(toy, tmp_path):
 
 def test_sweep_trains_one_variant_per_value_and_ranks_them(toy, tmp_path, monkeypatch, capsys):
     """The recipe sweep (draftsmith.perf.sweep_train) runs the training step per variant, two at a time, and
-    its table holds every variant's held-out accuracy, the winner's changed keys become a config file; a bad key
-    stops it before any training."""
+    its table holds every variant's held-out accuracy, the winner's changed keys become a config file; a bad
+    key stops it before any training."""
     from draftsmith.perf import sweep_train
 
     cfg = tmp_path / "c.yaml"
