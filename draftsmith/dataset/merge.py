@@ -44,6 +44,11 @@ class MergedDataset:
         reader, j = self._locate(int(i))
         return reader.sample(j)
 
+    def stored(self, i: int) -> Sample:
+        """Sample i as stored, decoded later (ShardReader.stored_sample)."""
+        reader, j = self._locate(int(i))
+        return reader.stored_sample(j)
+
 
 def merge(manifest_paths: list[str | Path], out_path: str | Path) -> dict:
     """One dataset manifest over all shards; refuses shards made with another config, model or tap set."""

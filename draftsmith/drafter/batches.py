@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from draftsmith.dataset.merge import MergedDataset
-from draftsmith.dataset.shards import Sample
+from draftsmith.dataset.shards import Sample, decode
 from draftsmith.drafter.config import DrafterConfig
 from draftsmith.drafter.model import BlockLayout
 
@@ -36,6 +36,7 @@ class Batch:
     block_tokens: torch.Tensor  # [Q] anchor then MASK tokens, per block
     labels: torch.Tensor  # [Q] target token at each block position, -100 where not trained on
     num_tokens: int  # context tokens (target tokens) in the batch
+    taps_scale: torch.Tensor | None = None  # [T] fp32: `taps` holds stored fp8 rows, decoded by `to`
 
     def query_positions(self) -> torch.Tensor:
         """RoPE positions of the block tokens: anchor .. anchor + B - 1."""
@@ -45,9 +46,11 @@ class Batch:
         ).flatten()
 
     def to(self, device: torch.device, dtype: torch.dtype) -> Batch:
+        """The batch on `device`, its states decoded there in `dtype` (the same arithmetic as on the host)."""
         lay = self.layout
+        scale = None if self.taps_scale is None else self.taps_scale.to(device, non_blocking=True)
         return Batch(
-            self.taps.to(device, dtype, non_blocking=True),
+            decode(self.taps.to(device, non_blocking=True), scale, dtype),
             BlockLayout(
                 lay.ctx_doc.to(device),
                 lay.ctx_pos.to(device),
@@ -85,7 +88,11 @@ def make_batch(
         labels.append(lab.flatten())
     layout = BlockLayout(torch.cat(ctx_doc), torch.cat(ctx_pos), torch.cat(block_doc), torch.cat(anchor), B)
     taps = torch.cat([smp.hidden for smp in samples])
-    return Batch(taps, layout, torch.cat(tokens), torch.cat(labels), int(taps.shape[0]))
+    stored = [smp.scale for smp in samples if smp.scale is not None]
+    if stored and len(stored) != len(samples):
+        raise ValueError("a batch mixes stored fp8 samples with decoded ones")
+    scale = torch.cat(stored) if stored else None
+    return Batch(taps, layout, torch.cat(tokens), torch.cat(labels), int(taps.shape[0]), scale)
 
 
 def split_indices(n: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -154,10 +161,18 @@ def fit_plan(batches: list[list[int]], count: int) -> list[list[int]]:
     return plan[:count]
 
 
-def load_batch(ds: MergedDataset, idx: list[int], epoch: int, tcfg: dict, cfg: DrafterConfig) -> Batch:
-    samples = [ds[i] for i in idx]
+def load_batch(
+    ds: MergedDataset, idx: list[int], epoch: int, tcfg: dict, cfg: DrafterConfig, *, pin: bool = False
+) -> Batch:
+    """Samples `idx` packed with their epoch's anchors, the states as stored (`Batch.to` decodes them);
+    `pin` puts them in page-locked memory, so that the copy to a GPU runs beside the GPU's work."""
+    samples = [ds.stored(i) for i in idx]
     anchors = [
         pick_anchors(s.loss_mask, tcfg["anchors_per_seq"], [tcfg["seed"], epoch, i])
         for s, i in zip(samples, idx)
     ]
-    return make_batch(samples, anchors, cfg.block_size, cfg.mask_token_id)
+    batch = make_batch(samples, anchors, cfg.block_size, cfg.mask_token_id)
+    if pin:
+        batch.taps = batch.taps.pin_memory()
+        batch.taps_scale = None if batch.taps_scale is None else batch.taps_scale.pin_memory()
+    return batch

@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -31,7 +33,14 @@ from draftsmith.core.distributed import setup_device, wrap_ddp
 from draftsmith.core.io import atomic, write_json
 from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
-from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, split_indices, subset_indices
+from draftsmith.drafter.batches import (
+    Batch,
+    fit_plan,
+    load_batch,
+    plan_epoch,
+    split_indices,
+    subset_indices,
+)
 from draftsmith.drafter.config import DrafterConfig, config_from_target
 from draftsmith.drafter.evaluate import evaluate, plot_curves
 from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
@@ -176,7 +185,7 @@ def train(
         tcfg=train_section,
         preset_mask_token_id=preset_mask_token_id,
     )
-    step = _resume(ckpt_dir, run)
+    step = start = _resume(ckpt_dir, run)
     ddp = wrap_ddp(run.model, run.device) if run.world > 1 else run.model
     metrics = None
     if run.rank == 0:
@@ -186,15 +195,8 @@ def train(
 
     bar = tqdm(total=run.total, initial=step, desc="train", disable=run.rank != 0, dynamic_ncols=True)
     autocast = torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.dtype == torch.bfloat16)
-    t0, tokens_seen, plan_epoch_no, plan = time.time(), 0, -1, []
-    while step < run.total:
-        epoch = step // run.steps_per_epoch
-        if epoch != plan_epoch_no:
-            plan = fit_plan(plan_epoch(*run.plan_args, epoch), run.steps_per_epoch * run.world)
-            plan_epoch_no = epoch
-        idx = plan[(step % run.steps_per_epoch) * run.world + run.rank]
-        lr, stats, gnorm = _train_step(run, ddp, autocast=autocast, idx=idx, epoch=epoch, step=step)
-        step += 1
+    t0, tokens_seen = time.time(), 0
+    for step, epoch, lr, stats, gnorm in run_steps(run, ddp, autocast=autocast, start=start):
         tokens_seen += int(stats[-1].item())
         if metrics is not None:
             _log_step(
@@ -324,13 +326,53 @@ def _resume(ckpt_dir: Path, run: TrainingRun) -> int:
     return int(state["step"])
 
 
+class EpochPlans:
+    """Which samples each step trains on, asked for in step order (by the thread that reads one batch ahead):
+    an epoch's shuffled plan is made at its first step."""
+
+    def __init__(self, run: TrainingRun):
+        self.run = run
+        self._epoch, self._plan = -1, list[list[int]]()
+
+    def indices(self, step: int) -> tuple[int, list[int]]:
+        run = self.run
+        epoch = step // run.steps_per_epoch
+        if epoch != self._epoch:
+            self._plan = fit_plan(plan_epoch(*run.plan_args, epoch), run.steps_per_epoch * run.world)
+            self._epoch = epoch
+        return epoch, self._plan[(step % run.steps_per_epoch) * run.world + run.rank]
+
+    def host_batch(self, step: int) -> tuple[int, Batch]:
+        """Step `step`'s batch in host memory (page-locked for a GPU), states still as stored."""
+        epoch, idx = self.indices(step)
+        run = self.run
+        return epoch, load_batch(run.ds, idx, epoch, run.tcfg, run.cfg, pin=run.device.type == "cuda")
+
+
+def run_steps(
+    run: TrainingRun, ddp: torch.nn.Module, *, autocast: torch.autocast, start: int
+) -> Iterator[tuple[int, int, float, torch.Tensor, torch.Tensor]]:
+    """Trains steps `start` .. run.total, yielding (steps done, epoch, lr, stats, grad norm) after each.
+    A thread reads and packs the next step's batch while the device runs this one."""
+    plans = EpochPlans(run)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches") as pool:
+        step = start
+        ahead = pool.submit(plans.host_batch, step) if step < run.total else None
+        while ahead is not None:
+            epoch, batch = ahead.result()
+            ahead = pool.submit(plans.host_batch, step + 1) if step + 1 < run.total else None
+            lr, stats, gnorm = _train_step(run, ddp, autocast=autocast, batch=batch, step=step)
+            step += 1
+            yield step, epoch, lr, stats, gnorm
+
+
 def _train_step(
-    run: TrainingRun, ddp: torch.nn.Module, *, autocast: torch.autocast, idx: list[int], epoch: int, step: int
+    run: TrainingRun, ddp: torch.nn.Module, *, autocast: torch.autocast, batch: Batch, step: int
 ) -> tuple[float, torch.Tensor, torch.Tensor]:
-    """One optimiser step; returns the learning rate, the gradient norm and the step's stats summed over ranks
-    (the loss averaged): [loss, correct per position, count per position, tokens]."""
+    """One optimiser step on a host batch; returns the learning rate, the gradient norm and the step's stats
+    summed over ranks (the loss averaged): [loss, correct per position, count per position, tokens]."""
     cfg, device, opt = run.cfg, run.device, run.opt
-    batch = load_batch(run.ds, idx, epoch, run.tcfg, cfg).to(device, run.dtype)
+    batch = batch.to(device, run.dtype)
     masks = build_masks(batch.layout, cfg, uses_flex(cfg, device))
     lr = lr_at(step, run.total, run.warmup, run.tcfg["lr"])
     for g in opt.param_groups:

@@ -15,8 +15,10 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from draftsmith.config import with_defaults
 from draftsmith.core.io import write_json
-from draftsmith.dataset.shards import ShardWriter
-from draftsmith.drafter.batches import fit_plan, plan_epoch, sample_cost
+from draftsmith.dataset.merge import MergedDataset
+from draftsmith.dataset.shards import ShardReader, ShardWriter, quantize_fp8
+from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, sample_cost
+from draftsmith.drafter.config import DrafterConfig
 from draftsmith.drafter.train import train
 from draftsmith.drafter.zlab import load_drafter
 from draftsmith.target.taps import forward_taps
@@ -136,6 +138,44 @@ def test_every_epoch_has_the_first_epochs_step_count():
             assert sum(sample_cost(lengths[i], 2, 4) for i in b) <= 200 or len(b) == 1
         if len(plan_epoch(lengths, idx, 200, 2, 4, 0, e)) <= want:  # split, never dropped
             assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
+
+
+@pytest.mark.parametrize("storage", ["fp8", "bf16"])
+def test_a_batch_is_decoded_where_it_trains_into_the_states_the_reader_gives(tmp_path, storage):
+    """Training reads the stored rows and decodes them on its device (a GPU decodes a small target's fp8
+    batch in microseconds, two CPU threads took a second); the states must be the reader's, bit for bit, in
+    the training dtype."""
+    g = torch.Generator().manual_seed(0)
+    lengths, width = [7, 12, 9], 3 * H
+    w = ShardWriter(tmp_path / "shards" / "s0.safetensors", lengths, width, storage)
+    for i, t in enumerate(lengths):
+        x = torch.randn(t, width, generator=g) * (1 + i)
+        q, scale = quantize_fp8(x) if storage == "fp8" else (x.to(torch.bfloat16), None)
+        w.write_sample(i, q, torch.randint(0, V, (t,), generator=g), torch.ones(t, dtype=torch.bool), scale)
+    w.close()
+    manifest = tmp_path / "merged" / "manifest.json"
+    shard = {"path": "../shards/s0.safetensors", "num_samples": 3, "sample_tokens": lengths}
+    write_json(manifest, {"taps": [0, 1, 2], "hidden_size": H, "storage": storage, "shards": [shard]})
+    ds, reader = MergedDataset(manifest), ShardReader(tmp_path / "shards" / "s0.safetensors")
+    cfg = DrafterConfig(
+        hidden_size=H,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=V,
+        target_layer_ids=[0, 1, 2],
+        num_target_layers=3,
+        mask_token_id=V - 1,
+        block_size=4,
+    )
+    batch = load_batch(ds, [2, 0], 0, {"anchors_per_seq": 3, "seed": 0}, cfg)
+    assert (batch.taps_scale is not None) == (storage == "fp8") and batch.taps.dtype != torch.float32
+    for dtype in (torch.float32, torch.bfloat16):
+        want = torch.cat([reader.hidden(j, dtype) for j in (2, 0)])
+        got = batch.to(torch.device("cpu"), dtype).taps
+        assert got.dtype == dtype and torch.equal(got, want)
 
 
 def test_training_learns_and_beats_frequency_baseline(toy, tmp_path):
