@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|sweep|extract1|extract2|train|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -120,6 +120,9 @@ for phase in "$@"; do
         ;;
     train)  # drafter training throughput, Qwen3.6-27B drafter shape, one then two GPUs
         python3 -m draftsmith.perf.bench_train --gpus 2 2>&1 | tail -40 | tee "$OUT/train.log"
+        ;;
+    train_loop)  # the training loop on the study's SmolLM2 shape: host-decoded reading vs read-ahead vs resident batch
+        python3 -m draftsmith.perf.bench_train_loop --threads 2 2>&1 | grep -v Warning | tail -12 | tee "$OUT/train_loop.log"
         ;;
     profile)  # top CUDA kernels of the bare forward; torch vs fla short convolution
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.profile_extract --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"

@@ -15,7 +15,7 @@ from draftsmith.core.runtime import sync_device
 from draftsmith.demo import data as demo
 from draftsmith.target.kernels import kernels_follow_device
 
-SHAPES_DIR = Path(__file__).resolve().parent.parent / "configs" / "shapes"
+SHAPES_DIR = Path(__file__).resolve().parents[2] / "configs" / "shapes"  # the checkout's configs/shapes
 
 NON_CONFIG_KEYS = ("dflash", "note")
 
