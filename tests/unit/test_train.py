@@ -403,3 +403,16 @@ def test_sweep_trains_one_variant_per_value_and_ranks_them(toy, tmp_path, monkey
         sweep_train.main([*args, *out, "--vary", "drafter.layers=2"])
     with pytest.raises(SystemExit, match="--variant 'train.lr': expected SECTION.KEY=VALUE"):
         sweep_train.main([*args, *out, "--variant", "drafter.num_layers=2 train.lr"])
+
+
+def test_bench_train_loop_runs_the_three_loops_on_the_same_data(tmp_path, capsys):
+    """The training-loop benchmark (CPU smoke shape): every loop times its steps, and the read-ahead loop
+    trains on the batches the host-decoded one does (the same seeded losses, up to fp32 vs bf16 decoding)."""
+    from draftsmith.perf import bench_train_loop
+
+    bench_train_loop.main(["--workdir", str(tmp_path)])
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(r) == {"host", "ahead", "resident"}
+    assert all(v["steps_per_s"] > 0 and v["tokens_per_s"] > 0 for v in r.values())
+    assert r["host"]["losses"] == pytest.approx(r["ahead"]["losses"], rel=1e-5)
+    assert r["resident"]["losses"][0] == pytest.approx(r["ahead"]["losses"][0], rel=1e-5)
