@@ -245,8 +245,7 @@ class ShardReader:
 
     def stored_sample(self, i: int) -> Sample:
         """The sample as stored (fp8 rows and their scales, or bf16 rows): training decodes it on its
-        device, where the arithmetic is the same and a batch of a small target's states costs
-        microseconds instead of the CPU's tenths of a second."""
+        device, where the arithmetic is the same and no longer waits on the job's few host threads."""
         ids, mask = self.tokens(i)
         hidden, scale = self.raw(i)
         return Sample(hidden, ids, mask, scale)

@@ -142,9 +142,8 @@ def test_every_epoch_has_the_first_epochs_step_count():
 
 @pytest.mark.parametrize("storage", ["fp8", "bf16"])
 def test_a_batch_is_decoded_where_it_trains_into_the_states_the_reader_gives(tmp_path, storage):
-    """Training reads the stored rows and decodes them on its device (a GPU decodes a small target's fp8
-    batch in microseconds, two CPU threads took a second); the states must be the reader's, bit for bit, in
-    the training dtype."""
+    """Training reads the stored rows and decodes them on its device (on a small target the host's decode
+    set the step time); the states must be the reader's, bit for bit, in the training dtype."""
     g = torch.Generator().manual_seed(0)
     lengths, width = [7, 12, 9], 3 * H
     w = ShardWriter(tmp_path / "shards" / "s0.safetensors", lengths, width, storage)
