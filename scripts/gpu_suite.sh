@@ -31,7 +31,8 @@ for phase in "$@"; do
     case $phase in
     env)
         nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv
-        python3 -c "import torch, transformers, fla, snakemake; print(torch.__version__, transformers.__version__, fla.__version__, snakemake.__version__)"
+        python3 -c "import torch, transformers, snakemake; print(torch.__version__, transformers.__version__, snakemake.__version__)"
+        python3 -c "import fla; print('fla', fla.__version__)" 2>/dev/null || echo "fla: absent (only hybrid targets need it; the study's wheels leave it out)"
         ;;
     stage_a)  # the study's first call: the GGUF's first part (.stage/a), kept in /tmp while the machine stays warm
         mkdir -p /tmp/stage && cp .stage/a/gguf.part /tmp/stage/a.part && ls -l /tmp/stage
