@@ -157,7 +157,7 @@ for phase in "$@"; do
         BEST_NEW=${BEST_NEW:-512} BEST_ARGS="--spread --generate-waves 2" BEST_NAME=regen_best_spread "$0" regen_best
         ;;
     gputests)  # the tests that only run on a GPU (Triton kernels, the engine's GPU path) and the engine's others
-        python3 -m pytest -q -rs tests/unit/test_decode_kernels.py tests/unit/test_regenerate.py 2>&1 | tee "$OUT/gputests.log"
+        python3 -m pytest -q -rs tests/unit/test_decode_kernels.py tests/unit/test_regenerate.py tests/unit/test_gpu_pool.py 2>&1 | tee "$OUT/gputests.log"
         ;;
     regen_refill)  # refill prefills: admission time per group size (cold, warm), then spread answers with refill
         # groups of any size against powers of two; each process gets an empty Triton cache, as a new job would

@@ -18,12 +18,29 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+def peak_memory_line() -> str | None:
+    """What this process's PyTorch allocator held at most on each GPU it used, for the job's log (Snakemake's
+    benchmark files record the host's memory, not the GPU's); None when the process never touched CUDA.
+    Kernels that allocate outside PyTorch, and the CUDA context, come on top."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    parts = [
+        f"cuda:{d} {torch.cuda.max_memory_allocated(d) / 1e9:.1f} GB allocated, "
+        f"{torch.cuda.max_memory_reserved(d) / 1e9:.1f} GB reserved"
+        for d in range(torch.cuda.device_count())
+        if torch.cuda.max_memory_reserved(d) > 0
+    ]
+    return "peak GPU memory: " + "; ".join(parts) if parts else None
 
 
 def default_pool_dir() -> Path:
@@ -198,6 +215,9 @@ def acquire(
     try:
         yield ids
     finally:
+        line = peak_memory_line()
+        if line:
+            log.info("%s", line)
         _release(fds)
         if set_env:
             if old is None:

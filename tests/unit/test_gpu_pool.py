@@ -162,3 +162,34 @@ def test_a_job_on_a_shared_device_knows_how_many_share_it(tmp_path, monkeypatch)
     assert slots_sharing(1) == 3
     monkeypatch.delenv("DRAFTSMITH_GPUS")
     assert slots_sharing(1) == 1  # no pool listing: nothing shared
+
+
+def test_a_job_that_never_touched_cuda_logs_no_peak_memory(tmp_path, caplog):
+    """The pool logs each job's peak GPU memory when it gives its devices back; a process without CUDA (here:
+    the CPU, or a job whose GPU work ran in a child) has none to log, and must not start CUDA to find out."""
+    import logging
+
+    import torch
+
+    from draftsmith.core.gpu_pool import peak_memory_line
+
+    assert peak_memory_line() is None
+    with caplog.at_level(logging.INFO, logger="draftsmith.core.gpu_pool"):
+        with acquire(1, devices=[0], pool_dir=tmp_path, set_env=False):
+            pass
+    assert "took GPU(s) [0]" in caplog.text and "peak GPU memory" not in caplog.text
+    assert not torch.cuda.is_initialized()
+
+
+def test_a_gpu_job_logs_what_its_allocator_held_at_most():
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from draftsmith.core.gpu_pool import peak_memory_line
+
+    x = torch.empty(2**28, dtype=torch.uint8, device="cuda")  # 268 MB
+    del x
+    line = peak_memory_line()
+    assert line is not None and line.startswith("peak GPU memory: cuda:0 0.3 GB allocated"), line
