@@ -189,6 +189,8 @@ def test_a_gpu_job_logs_what_its_allocator_held_at_most():
         pytest.skip("needs a GPU")
     from draftsmith.core.gpu_pool import peak_memory_line
 
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()  # other tests of the process ran on the GPU before
     x = torch.empty(2**28, dtype=torch.uint8, device="cuda")  # 268 MB
     del x
     line = peak_memory_line()
