@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -194,6 +194,29 @@ for phase in "$@"; do
         echo "workflow27b exit $?"; tail -5 "$OUT/w27_snakemake.log"
         grep -h "extracted\|STORAGE\|kernels\|flash" /tmp/w27/logs/extract/*.log | tee "$OUT/w27_extract.log"
         cat /tmp/w27/probe.json > "$OUT/w27_probe.json"
+        ;;
+    workflow_width)  # issue 21: every rule (regeneration, extraction, validation, training with the full vocabulary, export,
+        # the real-loop bench, report) on a random-weight target of WSHAPE's width with WLAYERS layers, one GPU; then each
+        # job's time (benchmark files) and peak GPU memory (the pool's line in each log). TOKENIZER: any local tokenizer
+        T=/tmp/rw_target W=${WRESULTS:-/tmp/rw}
+        [ -d $T ] || python3 -m draftsmith.perf.make_random_target --shape ${WSHAPE:-$SHAPE} --num-layers ${WLAYERS:-16} \
+            --tokenizer ${TOKENIZER:-.stage/tok} --out $T --data-out $T.jsonl --samples ${WSAMPLES:-48} \
+            --lengths loguniform:64:2048 > "$OUT/rw_make.log" 2>&1 || { tail "$OUT/rw_make.log"; exit 1; }
+        printf '%s\n' "results: $W" "target: {model: $T, dtype: bf16}" \
+            "data: {path: $T.jsonl, max_length: 4096, regenerate: {enabled: true, max_new_tokens: 128, batch_size: 64}}" \
+            "extract: {shards: 2, validate_samples: 2}" \
+            "drafter: {num_layers: 5, block_size: 16, sliding_window: 2048, layer_types: [sliding_attention, sliding_attention, sliding_attention, sliding_attention, full_attention]}" \
+            "train: {epochs: 1, max_steps: ${WSTEPS:-30}, token_budget: 16384, anchors_per_seq: 512, heldout_fraction: 0.1}" \
+            "bench: {datasets: [{name: heldout, path: $T.jsonl}], max_prompts: 4, parts: 1, max_new_tokens: 128, ddtree_budgets: [16, 64], fp32_check_prompts: 1, warmup: 1}" \
+            > /tmp/rw.yaml
+        DRAFTSMITH_GPUS=${WGPUS:-0} python3 -m snakemake all --cores 16 --resources gpu=1 --configfile /tmp/rw.yaml \
+            --keep-going > "$OUT/rw_snakemake.log" 2>&1
+        echo "workflow_width exit $?"; grep -h -A12 "Error in rule" "$OUT/rw_snakemake.log" | head -40
+        for f in $(find $W/benchmarks -name '*.tsv' | sort); do  # s, then max RSS in MB
+            printf '%s\t%s\n' "${f#$W/benchmarks/}" "$(tail -1 $f | cut -f1,3)"
+        done | tee "$OUT/rw_jobs.tsv"
+        grep -r "peak GPU memory" $W/logs | sed "s#$W/logs/##" | tee "$OUT/rw_gpu_memory.log"
+        cp $W/bench/summary.md "$OUT/rw_bench.md" 2>/dev/null; cp $W/train/summary.json "$OUT/rw_train.json" 2>/dev/null
         ;;
     workflow27b_1gpu)  # the same shards again, both jobs on one GPU (one at a time): the one-GPU job rate
         DRAFTSMITH_GPUS=0 python3 -m snakemake dataset --cores 16 --resources gpu=1 --forcerun extract \
