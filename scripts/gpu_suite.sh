@@ -212,10 +212,7 @@ for phase in "$@"; do
         DRAFTSMITH_GPUS=${WGPUS:-0} python3 -m snakemake all --cores 16 --resources gpu=1 --configfile /tmp/rw.yaml \
             --keep-going > "$OUT/rw_snakemake.log" 2>&1
         echo "workflow_width exit $?"; grep -h -A12 "Error in rule" "$OUT/rw_snakemake.log" | head -40
-        for f in $(find $W/benchmarks -name '*.tsv' | sort); do  # s, then max RSS in MB
-            printf '%s\t%s\n' "${f#$W/benchmarks/}" "$(tail -1 $f | cut -f1,3)"
-        done | tee "$OUT/rw_jobs.tsv"
-        grep -r "peak GPU memory" $W/logs | sed "s#$W/logs/##" | tee "$OUT/rw_gpu_memory.log"
+        python3 -m draftsmith.perf.job_times "$OUT/rw_snakemake.log" | tee "$OUT/rw_jobs.md"
         cp $W/bench/summary.md "$OUT/rw_bench.md" 2>/dev/null; cp $W/train/summary.json "$OUT/rw_train.json" 2>/dev/null
         ;;
     workflow27b_1gpu)  # the same shards again, both jobs on one GPU (one at a time): the one-GPU job rate

@@ -195,4 +195,4 @@ def test_a_gpu_job_logs_what_its_allocator_held_at_most():
     del x
     line = peak_memory_line()
     assert line is not None and line.startswith("peak GPU memory: cuda:0 "), line
-    assert float(line.split()[4]) >= 0.26, line  # at least the 268 MB tensor (tensors of other tests may stay)
+    assert float(line.split()[4]) >= 0.26, line  # the 268 MB tensor at least (others may stay)
