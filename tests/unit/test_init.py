@@ -30,9 +30,11 @@ NAMES = {
     "qwen3.6-27b": "Qwen/Qwen3.6-27B",
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
     "qwen3.5-35b-a3b": "Qwen/Qwen3.5-35B-A3B",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
 }
 # The mask token init takes for a shape alone: z-lab's id of the family, none for Llama (no tokenizer read).
-MASKS = {"qwen3-8b": 151669, "qwen3.6-27b": 248070, "qwen3.5-35b-a3b": 248070, "llama-3.1-8b": None}
+MASKS = {"qwen3-8b": 151669, "qwen3.6-27b": 248070, "qwen3.5-35b-a3b": 248070, "llama-3.1-8b": None,
+         "smollm2-135m": None}  # fmt: skip
 RESERVED = ("<|reserved_0|>", "<|reserved_1|>")
 
 
