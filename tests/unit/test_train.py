@@ -413,5 +413,7 @@ def test_bench_train_loop_runs_the_three_loops_on_the_same_data(tmp_path, capsys
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(r) == {"host", "ahead", "resident"}
     assert all(v["steps_per_s"] > 0 and v["tokens_per_s"] > 0 for v in r.values())
-    assert r["host"]["losses"] == pytest.approx(r["ahead"]["losses"], rel=1e-5)
+    host, ahead = r["host"]["losses"], r["ahead"]["losses"]
+    assert host[0] == pytest.approx(ahead[0], rel=1e-5)  # same batch, same weights: only the decode rounds
+    assert host == pytest.approx(ahead, rel=1e-3)  # later steps drift with it, never apart
     assert r["resident"]["losses"][0] == pytest.approx(r["ahead"]["losses"][0], rel=1e-5)
