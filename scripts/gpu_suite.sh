@@ -69,7 +69,6 @@ for phase in "$@"; do
                 --best-out /tmp/study/recipe.yaml --vary train.lr=6e-4,1e-3 --vary train.epochs=24 \
                 --vary drafter.num_layers=5 --variant "drafter.block_size=8 train.anchors_per_seq=64" \
                 > /tmp/study/sweep.log 2>&1
-            [ -s /tmp/study/recipe.yaml ] || echo "{}" > /tmp/study/recipe.yaml  # no winner: the preset's recipe
             # the trainings of every size side by side first (benches beside them halved the main training's
             # speed on 2026-12-02), then exports, benches and the report
             study train --configfile $CFG /tmp/study/recipe.yaml --until train study_train

@@ -2,8 +2,8 @@
 reading the data rather than the drafter's matmuls can set the step time.
 
 One run, one fp8 data set written to disk with the study's lengths, the same seeded drafter for each way:
-- `host`: the loop before 2026-12-03: each step reads its samples, decodes them to bf16 on the host, packs
-  and copies them, then trains;
+- `host`: the loop before 2026-12-03: each step reads and packs its samples, decodes them to bf16 on the host
+  and copies them, then trains (the same values as decoding sample by sample);
 - `ahead`: the training step's own loop (`drafter.train.run_steps`): stored rows decoded on the device, the
   next batch read on a thread while this one trains;
 - `resident`: one batch kept on the device and trained on repeatedly: the floor with no reading at all.
@@ -25,7 +25,7 @@ from draftsmith.config import with_defaults
 from draftsmith.core.io import write_json
 from draftsmith.core.runtime import sync_device
 from draftsmith.dataset.shards import ShardWriter, quantize_fp8
-from draftsmith.drafter.batches import make_batch, pick_anchors
+from draftsmith.drafter.batches import load_batch
 from draftsmith.drafter.train import EpochPlans, TrainingRun, _set_up, _train_step, run_steps
 from draftsmith.perf.shapes import load_shape
 
@@ -33,7 +33,7 @@ TINY = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4, "nu
         "head_dim": 8, "intermediate_size": 64, "vocab_size": 256}  # fmt: skip
 
 
-def write_target(out: Path, shape: dict, taps: list[int]) -> None:
+def write_target(out: Path, shape: dict) -> None:
     """A target folder with what training reads of it: config.json and a tied random embedding."""
     from safetensors.torch import save_file
 
@@ -94,12 +94,10 @@ def _timed(run: TrainingRun, steps, *, warmup: int, measured: int) -> dict:
 def host_steps(run: TrainingRun, autocast: torch.autocast):
     """The loop before 2026-12-03: samples read and decoded to bf16 on the host within the step."""
     plans = EpochPlans(run)
+    host = torch.device("cpu")
     for step in range(run.total):
         epoch, idx = plans.indices(step)
-        samples = [run.ds[i] for i in idx]
-        anchors = [pick_anchors(s.loss_mask, run.tcfg["anchors_per_seq"], [run.tcfg["seed"], epoch, i])
-                   for s, i in zip(samples, idx)]  # fmt: skip
-        batch = make_batch(samples, anchors, run.cfg.block_size, run.cfg.mask_token_id)
+        batch = load_batch(run.ds, idx, epoch, run.tcfg, run.cfg).to(host, torch.bfloat16)
         yield _train_step(run, run.model, autocast=autocast, batch=batch, step=step)[1]
 
 
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         a.prompt, a.answer = "8,16", "8,24"
     taps = taps or [1, shape["num_hidden_layers"] // 2, shape["num_hidden_layers"] - 3]
     work = Path(a.workdir)
-    write_target(work / "target", shape, taps)
+    write_target(work / "target", shape)
     lo_hi = [(int(s.split(",")[0]), int(s.split(",")[1])) for s in (a.prompt, a.answer)]
     device = torch.device("cuda" if gpu else "cpu")
     t = time.perf_counter()
