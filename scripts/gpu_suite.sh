@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -94,6 +94,10 @@ for phase in "$@"; do
         cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
         cat /tmp/study/sweep.log 2>/dev/null | tail -12; cat /tmp/study/recipe.yaml 2>/dev/null
         cat $R/study/summary.md 2>/dev/null | head -60
+        if [ -d /tmp/ww ]; then  # the whole-DAG run at real width, when width_start began one
+            echo "width: $(cat /tmp/ww/done 2>/dev/null || echo running) $(grep -c 'Finished jobid' /tmp/ww/rw_snakemake.log 2>/dev/null) jobs done"
+            tail -3 /tmp/ww/bg.log; tar czf "$OUT/width.tgz" -C /tmp ww /tmp/rw/logs 2>/dev/null
+        fi
         ;;
     sweep)  # issue 20's recipe knobs on the study's merged data at 2,902 samples, six trainings at once on one GPU
         R=results/study-smollm2
@@ -193,6 +197,21 @@ for phase in "$@"; do
         echo "workflow27b exit $?"; tail -5 "$OUT/w27_snakemake.log"
         grep -h "extracted\|STORAGE\|kernels\|flash" /tmp/w27/logs/extract/*.log | tee "$OUT/w27_extract.log"
         cat /tmp/w27/probe.json > "$OUT/w27_probe.json"
+        ;;
+    width_start)  # issue 21's whole-DAG run beside the study, detached like it: the random target is made at once (CPU
+        # and disk), its GPU jobs wait until the study benches (tau replays of a 135M model leave the GPU mostly idle)
+        # or ends; logs and tables in /tmp/ww, which `watch` brings back. TOKENIZER: the study's converted target's
+        mkdir -p /tmp/ww && setsid nohup bash scripts/gpu_suite.sh width_bg > /tmp/ww/bg.log 2>&1 < /dev/null &
+        sleep 2; cat /tmp/ww/bg.log
+        ;;
+    width_bg)
+        export TOKENIZER=${TOKENIZER:-results/study-smollm2/target/model} DRAFTSMITH_GPU_POOL=/tmp/ww_pool OUT=/tmp/ww
+        python3 -m draftsmith.perf.make_random_target --shape ${WSHAPE:-$SHAPE} --num-layers ${WLAYERS:-16} \
+            --tokenizer $TOKENIZER --out /tmp/rw_target --data-out /tmp/rw_target.jsonl --samples ${WSAMPLES:-48} \
+            --lengths loguniform:64:2048 > /tmp/ww/rw_make.log 2>&1 || { tail /tmp/ww/rw_make.log; exit 1; }
+        END=$((SECONDS + ${WIDTH_WAIT_S:-900}))
+        until grep -q bench /tmp/study/stage 2>/dev/null || [ -f /tmp/study/done ] || [ $SECONDS -ge $END ]; do sleep 10; done
+        echo "$(date +%T) GPU jobs start"; bash scripts/gpu_suite.sh workflow_width; date +%T > /tmp/ww/done
         ;;
     workflow_width)  # issue 21: every rule (regeneration, extraction, validation, training with the full vocabulary, export,
         # the real-loop bench, report) on a random-weight target of WSHAPE's width with WLAYERS layers, one GPU; then each
