@@ -105,7 +105,8 @@ def plot_tau(table: pd.DataFrame, path: Path) -> None:
             m = m.sort_values("train_tokens")
             ax.plot(m["train_tokens"], m["tau"], marker="o", label=method)
         ax.set_xscale("log")
-        sizes = sorted(g["train_tokens"].unique())  # one labelled tick per size: the log axis's own minor labels overlap
+        # one labelled tick per size: the log axis's own minor labels overlap
+        sizes = sorted(g["train_tokens"].unique())
         ax.set_xticks(sizes, [f"{t / 1e6:.2g}M" for t in sizes])
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.set_title(name)
