@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|prefill|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -161,6 +161,22 @@ for phase in "$@"; do
         ;;
     gputests)  # the tests that only run on a GPU (Triton kernels, the engine's GPU path) and the engine's others
         python3 -m pytest -q -rs tests/unit/test_decode_kernels.py tests/unit/test_regenerate.py tests/unit/test_gpu_pool.py 2>&1 | tee "$OUT/gputests.log"
+        ;;
+    prefill)  # issue 21: admissions of each group size (cold, warm, against the bare forward of the same prompts),
+        # prefill groups packed as rows of segments or not, then 256 slots end to end both ways; every process
+        # with an empty Triton cache, as a new job has
+        for mode in "" --packed; do
+            CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE \
+                --batch-sizes "" --generate-batches "" --check-prompts 0 --admit-sizes ${ADMIT_SIZES:-1,2,3,4,8,16,32} \
+                $mode --json-out "$OUT/prefill${mode:+_packed}.json" 2>&1 | grep --line-buffered -v Warning \
+                | tee "$OUT/prefill${mode:+_packed}.log"
+        done
+        for mode in "" --packed; do
+            CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE \
+                --batch-sizes 256 --new-tokens ${E2E_NEW:-256} --waves 1 --cuda-graph --generate-batches "" \
+                --check-prompts 0 $mode --json-out "$OUT/e2e${mode:+_packed}.json" 2>&1 | grep --line-buffered -v Warning \
+                | tee "$OUT/e2e${mode:+_packed}.log"
+        done
         ;;
     regen_refill)  # refill prefills: admission time per group size (cold, warm), then spread answers with refill
         # groups of any size against powers of two; each process gets an empty Triton cache, as a new job would

@@ -39,7 +39,7 @@ from draftsmith.engine.attention import (
     _step_positions,
     decode_attention,
 )
-from draftsmith.engine.kernels import available, fused_decode
+from draftsmith.engine.kernels import available, fused_decode, packed_prefill
 from draftsmith.engine.slots import SlotCache
 from draftsmith.target.layers import (
     body,
@@ -125,6 +125,7 @@ class Engine:
         fused_kernels: bool = True,
         pow2_groups: bool = True,
         min_refill: int = 1,
+        packed: bool = False,
     ):
         self.model = model
         self.device = next(model.parameters()).device
@@ -149,6 +150,10 @@ class Engine:
         # an admission costs about the same for 1 prompt as for 16 on a small target: with min_refill k, free
         # slots wait until k of them (or the rest of the queue) can be filled at once, unless none decode
         self.min_refill = max(1, min_refill)
+        # packed: a prefill group's Gated DeltaNet chunks run as one row of segments
+        # (engine.kernels.as_segments), so that fla compiles for one batch size whatever the group's; off
+        # until measured on a GPU
+        self._packed_mixer = mixer_module(model) if packed else None
         self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
         head = model.get_output_embeddings().weight.device  # where the logits are (the last GPU of a group)
@@ -192,13 +197,14 @@ class Engine:
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, int]:
         ids, att = left_pad(prompts, self.pad_id)
         pos = (att.cumsum(-1) - 1).clamp_min(0)
-        out = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=att.to(self.device),
-            position_ids=pos.to(self.device),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with packed_prefill(self._packed_mixer):
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=att.to(self.device),
+                position_ids=pos.to(self.device),
+                use_cache=True,
+                logits_to_keep=1,
+            )
         cache = out.get(
             "cache"
         )  # Transformers 5.2x; reading `past_key_values` there warns that it is deprecated

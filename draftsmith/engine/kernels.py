@@ -12,6 +12,9 @@ activation and a cast. Both become one kernel each that reads a state once and w
 decode step runs (eager or captured), on CUDA with Triton; anything else (prefill, several tokens, the CPU)
 goes to the original. The attention kernel is called by the engine's own attention function
 (attention.decode_attention). The kernels' Triton sources are in engine/triton_kernels.py.
+
+`packed_prefill(mixer_module(model))` runs a prefill group's Gated DeltaNet chunks as one packed row of
+segments, so that fla compiles its prefill kernels once rather than once per group size.
 """
 
 from __future__ import annotations
@@ -250,6 +253,76 @@ def fused_decode(module):
     finally:
         for n in names:
             setattr(module, n, saved[n])
+
+
+# --- prefill: a batch of rows as one packed sequence of segments
+_CHUNK = "torch_chunk_gated_delta_rule"
+
+
+def as_segments(fn, query, key, value, g, beta, initial_state=None, output_final_state=False, **kwargs):
+    """Calls a chunked Gated DeltaNet function `fn` on a batch [B, T, ...] as one row of B segments of T
+    positions (`cu_seqlens` 0, T, 2T, ...), and returns its output in the batch's shape [B, T, ...] with the
+    final states [B, ...] as the batch call gives them.
+
+    fla's chunk kernels treat every segment of a packed row as its own sequence, chunked from its own start,
+    so the arithmetic is the batch's; but some of them (the gates' chunk cumsum) take the batch size as a
+    compile-time constant and autotune per batch size, which is what makes a prefill group of each new size
+    pay a compilation. Packed, every group is a batch of one."""
+    b, t = query.shape[:2]
+    cu = torch.arange(0, (b + 1) * t, t, dtype=torch.long, device=query.device)
+
+    def row(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(1, b * t, *x.shape[2:])
+
+    out, state = fn(
+        row(query),
+        row(key),
+        row(value),
+        g=row(g),
+        beta=row(beta),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu,
+        **kwargs,
+    )
+    return out.reshape(b, t, *out.shape[2:]), state
+
+
+def _packed_chunk(original):
+    def chunk(
+        query, key, value, g, beta, initial_state=None, output_final_state=False, cu_seqlens=None, **kw
+    ):
+        if not query.is_cuda or cu_seqlens is not None or query.shape[0] == 1:
+            return original(
+                query,
+                key,
+                value,
+                g=g,
+                beta=beta,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                cu_seqlens=cu_seqlens,
+                **kw,
+            )
+        return as_segments(original, query, key, value, g, beta, initial_state, output_final_state, **kw)
+
+    return chunk
+
+
+@contextlib.contextmanager
+def packed_prefill(module):
+    """While active, the chunked (multi-token) Gated DeltaNet calls of `module` (see mixer_module; None:
+    nothing to swap) run their batch as one packed row on CUDA (`as_segments`); the CPU keeps the batch
+    call."""
+    original = getattr(module, _CHUNK, None) if module is not None else None
+    if not callable(original):
+        yield False
+        return
+    try:
+        setattr(module, _CHUNK, _packed_chunk(original))
+        yield True
+    finally:
+        setattr(module, _CHUNK, original)
 
 
 def reference_attention(query, key, value, pos, scale, window: int = 0) -> torch.Tensor:

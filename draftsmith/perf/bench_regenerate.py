@@ -24,16 +24,34 @@ from draftsmith.engine.kernels import time_kernels
 from draftsmith.perf.regeneration import bench
 from draftsmith.perf.shapes import TINY_SHAPES, build_model, load_shape
 from draftsmith.target.kernels import report_kernels, use_fla_conv
+from draftsmith.target.layers import body
 
 
-def admit_times(model, vocab: int, prompt_len: int, sizes: list[int], seed: int = 0, log=print) -> list[dict]:
+def _bare_forward_s(model, prompts: list[list[int]]) -> float:
+    """Seconds of the decoder stack's forward alone on these prompts (no cache, no LM head: what extraction
+    runs), warm: the same call once before the timed one."""
+    device = next(model.parameters()).device
+    ids = torch.tensor(prompts, device=device)
+    with torch.inference_mode():
+        for _ in range(2):
+            sync_device(device)
+            t0 = time.perf_counter()
+            body(model)(input_ids=ids, use_cache=False)
+            sync_device(device)
+    return time.perf_counter() - t0
+
+
+def admit_times(
+    model, vocab: int, prompt_len: int, sizes: list[int], seed: int = 0, *, packed: bool = False, log=print
+) -> list[dict]:
     """Seconds to admit (prefill and load into slots) a group of each size of `prompt_len`-token prompts, the
-    first time and again: the first includes compiling and autotuning whatever kernels are specialised on that
-    size."""
+    first time and again, against the bare forward of the same prompts: the first admission includes
+    compiling and autotuning whatever kernels are specialised on that size (`packed`: prefill groups as packed
+    rows, Engine's option)."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(max(sizes))]
-    engine = Engine(model, slots=max(sizes), max_len=prompt_len + 2, eos_ids=[])
+    engine = Engine(model, slots=max(sizes), max_len=prompt_len + 2, eos_ids=[], packed=packed)
     rows = []
     for size in sizes:
         times = []
@@ -46,18 +64,25 @@ def admit_times(model, vocab: int, prompt_len: int, sizes: list[int], seed: int 
         t0 = time.perf_counter()
         engine._prefill(prompts[:size])
         sync_device(device)
+        prefill_s = time.perf_counter() - t0
+        bare_s = _bare_forward_s(model, prompts[:size])
         rows.append(
             {
                 "group": size,
+                "packed": packed,
                 "first_s": times[0],
                 "again_s": times[1],
-                "prefill_s": time.perf_counter() - t0,
+                "prefill_s": prefill_s,
                 "tokens_per_s": size * prompt_len / times[1],
+                "bare_forward_s": bare_s,
+                "bare_tokens_per_s": size * prompt_len / bare_s,
+                "vs_bare": bare_s / times[1],
             }
         )
         log(
-            f"admit {size:3d} prompts of {prompt_len}: first {times[0]:.2f}s, again {times[1]:.3f}s (prefill "
-            f"alone {rows[-1]['prefill_s']:.3f}s, {rows[-1]['tokens_per_s']:.0f} prompt tok/s)"
+            f"admit {size:3d} prompts of {prompt_len}{' packed' if packed else ''}: first {times[0]:.2f}s, "
+            f"again {times[1]:.3f}s (prefill alone {prefill_s:.3f}s, {rows[-1]['tokens_per_s']:.0f} prompt "
+            f"tok/s; the bare forward {rows[-1]['bare_tokens_per_s']:.0f}: {rows[-1]['vs_bare']:.2f} of it)"
         )
     return rows
 
@@ -146,6 +171,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype", default="auto", help="auto (bf16 on a GPU), bf16 or fp32: fp32 tells rounding from bugs"
     )
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="prefill groups as one packed row of segments (one fla compilation for every group size)",
+    )
     p.add_argument("--json-out", default=None)
     return p
 
@@ -184,6 +214,7 @@ def _first_figures(model, a: argparse.Namespace, device: torch.device) -> list[d
             model.config.get_text_config().vocab_size,
             a.prompt_len,
             [int(x) for x in a.admit_sizes.split(",")],
+            packed=a.packed,
         )
     return admit
 
@@ -226,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         min_refill=a.min_refill,
         spread_engine=a.spread_engine,
         again=a.again,
+        packed=a.packed,
     )
     r["admit"] = admit
     if a.json_out:

@@ -57,6 +57,7 @@ def _timed_engine(
     fused: bool = True,
     pow2_groups: bool = True,
     min_refill: int = 1,
+    packed: bool = False,
 ) -> tuple[Engine, list[list[int]], RegenStats]:
     """One engine run after a one-prompt warm-up (kernels, autotuning, allocator, graph capture)."""
     device = next(model.parameters()).device
@@ -70,6 +71,7 @@ def _timed_engine(
         fused_kernels=fused,
         pow2_groups=pow2_groups,
         min_refill=min_refill,
+        packed=packed,
     )
     engine.run(prompts[:1], 8, progress=False)  # every step runs all slots, so this warms the full batch
     sync_device(device)
@@ -122,6 +124,7 @@ def same_prompts(
     log=print,
     pow2_groups: bool = True,
     min_refill: int = 1,
+    packed: bool = False,
 ) -> dict:
     """`generate` and the engine on the same prompts and answer lengths at the same batch size.
 
@@ -163,11 +166,13 @@ def same_prompts(
         graph=graph,
         pow2_groups=pow2_groups,
         min_refill=min_refill,
+        packed=packed,
     )
     row.update(
         cuda_graph=engine.cuda_graph,
         pow2_groups=pow2_groups,
         min_refill=min_refill,
+        packed=packed,
         engine_seconds=stats.seconds,
         engine_prefill_seconds=stats.prefill_seconds,
         engine_tokens_per_s=stats.new_tokens_per_s,
@@ -301,6 +306,7 @@ def _engine_row(
     fused: bool,
     pow2_groups: bool,
     min_refill: int,
+    packed: bool = False,
     first_answers: list[list[int]] | None,
     again: bool,
     log,
@@ -318,6 +324,7 @@ def _engine_row(
             fused=fused,
             pow2_groups=pow2_groups,
             min_refill=min_refill,
+            packed=packed,
         )
     except Exception as e:  # noqa: BLE001 - a failed variant is a figure too; the others still run
         log(f"engine  batch {batch:4d} graph {graph}: FAILED {type(e).__name__}: {e}")
@@ -360,6 +367,7 @@ def engine_rows(
     seed: int,
     pow2_groups: bool,
     min_refill: int,
+    packed: bool = False,
     again: bool,
     log=print,
 ) -> tuple[list[dict], bool]:
@@ -384,6 +392,7 @@ def engine_rows(
                 fused=fused,
                 pow2_groups=pow2_groups,
                 min_refill=min_refill,
+                packed=packed,
                 first_answers=first_answers,
                 again=again,
                 log=log,
@@ -433,6 +442,7 @@ def bench(
     seed: int = 0,
     pow2_groups: bool = True,
     min_refill: int = 1,
+    packed: bool = False,
     spread_engine: bool = False,
     again: bool = False,
     log=print,
@@ -469,6 +479,7 @@ def bench(
         seed=seed,
         pow2_groups=pow2_groups,
         min_refill=min_refill,
+        packed=packed,
         again=again,
         log=log,
     )
@@ -486,6 +497,7 @@ def bench(
                 log=log,
                 pow2_groups=pow2_groups,
                 min_refill=min_refill,
+                packed=packed,
             )
         )
     return result

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_model
 
 from draftsmith.engine.engine import Engine
-from draftsmith.engine.kernels import available, fused_decode, self_check
+from draftsmith.engine.kernels import as_segments, available, fused_decode, packed_prefill, self_check
 from draftsmith.target.layers import mixer_module
 
 VOCAB = 448
@@ -45,6 +45,84 @@ def test_wrappers_hand_cpu_calls_to_the_originals():
     assert wrapped == plain
 
 
+def _gdn_inputs(b: int, t: int, *, heads: int = 2, dim: int = 16, device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(7)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    q, k, v = rnd(b, t, heads, dim), rnd(b, t, heads, dim), rnd(b, t, heads, dim)
+    gate = -torch.rand(b, t, heads, generator=g).to(device)  # log decays, as the mixer computes them (fp32)
+    beta = torch.rand(b, t, heads, generator=g).to(device=device, dtype=dtype)
+    state = torch.randn(b, heads, dim, dim, generator=g).to(device)
+    return q, k, v, gate, beta, state
+
+
+def _segment_by_segment(chunk):
+    """What fla documents for a packed row (`cu_seqlens`): each segment its own sequence with its own initial
+    and final state. Built from `chunk`'s batch calls, to check the packing around it on the CPU."""
+
+    def call(q, k, v, g, beta, initial_state=None, output_final_state=False, cu_seqlens=None, **kw):
+        assert q.shape[0] == 1 and cu_seqlens is not None
+        outs, states = [], []
+        for i, (a, b) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+            o, st = chunk(
+                q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+                initial_state=None if initial_state is None else initial_state[i : i + 1],
+                output_final_state=output_final_state, **kw,
+            )  # fmt: skip
+            outs.append(o)
+            states.append(st)
+        return torch.cat(outs, 1), torch.cat(states) if output_final_state else None
+
+    return call
+
+
+def test_a_batch_packed_as_segments_gives_the_batch_call():
+    """as_segments' reshapes and boundaries: rows of 70 positions (a chunk of 64 and a part), initial states
+    per row; the output and the final states come back in the batch's shape and order."""
+    chunk = mixer_module(tiny_model("hybrid", VOCAB, layers=2)).torch_chunk_gated_delta_rule
+    q, k, v, gate, beta, state = _gdn_inputs(3, 70)
+    kw = {"use_qk_l2norm_in_kernel": True}
+    want, want_state = chunk(q, k, v, g=gate, beta=beta, initial_state=state, output_final_state=True, **kw)
+    got, got_state = as_segments(_segment_by_segment(chunk), q, k, v, gate, beta, state, True, **kw)
+    assert got.shape == want.shape and got_state.shape == want_state.shape == state.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_state, want_state, rtol=1e-5, atol=1e-5)
+    rows_swapped, _ = as_segments(_segment_by_segment(chunk), q.flip(0), k.flip(0), v.flip(0), gate.flip(0),
+                                  beta.flip(0), state.flip(0), True, **kw)  # fmt: skip
+    torch.testing.assert_close(rows_swapped.flip(0), want, rtol=1e-5, atol=1e-5)  # each row its own sequence
+
+
+def test_packed_prefill_swaps_and_restores_and_is_transparent_on_the_cpu():
+    model = tiny_model("hybrid", VOCAB, layers=4)
+    module = mixer_module(model)
+    before = module.torch_chunk_gated_delta_rule
+    with packed_prefill(module) as swapped:
+        assert swapped and module.torch_chunk_gated_delta_rule is not before
+    assert module.torch_chunk_gated_delta_rule is before
+    with packed_prefill(mixer_module(tiny_model("attention", VOCAB, layers=2))) as swapped:
+        assert not swapped
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (5, 70, 9, 33)]
+    plain, _ = Engine(model, slots=4, max_len=90, eos_ids=[]).run(prompts, 8, progress=False)
+    packed, _ = Engine(model, slots=4, max_len=90, eos_ids=[], packed=True).run(prompts, 8, progress=False)
+    assert packed == plain
+    assert module.torch_chunk_gated_delta_rule is before
+
+
+@pytest.mark.skipif(not available(torch.device("cuda")), reason="fla's kernels need a GPU")
+def test_fla_chunks_packed_as_segments_equal_the_batch_call():
+    """fla's varlen path against its batch path on the same rows, in bf16 as a prefill runs."""
+    chunk = mixer_module(tiny_model("hybrid", VOCAB, layers=2).cuda()).torch_chunk_gated_delta_rule
+    q, k, v, gate, beta, state = _gdn_inputs(4, 200, heads=4, dim=64, device="cuda", dtype=torch.bfloat16)
+    kw = {"use_qk_l2norm_in_kernel": True}
+    want, want_state = chunk(q, k, v, g=gate, beta=beta, initial_state=state, output_final_state=True, **kw)
+    got, got_state = as_segments(chunk, q, k, v, gate, beta, state, True, **kw)
+    assert (got.float() - want.float()).abs().max() <= 1e-2 * want.float().abs().max()
+    assert (got_state - want_state).abs().max() <= 1e-3 * want_state.abs().max()
+
+
 @pytest.mark.skipif(not available(torch.device("cuda")), reason="the Triton kernels need a GPU")
 def test_kernels_match_what_they_replace():
     err = self_check(torch.device("cuda"))
@@ -53,7 +131,7 @@ def test_kernels_match_what_they_replace():
 
 
 @pytest.mark.skipif(not available(torch.device("cuda")), reason="the Triton kernels need a GPU")
-@pytest.mark.parametrize("kind", ["sliding", "hybrid"])
+@pytest.mark.parametrize("kind", ["sliding", "hybrid", "hybrid-packed"])
 def test_engine_on_the_gpu_equals_generate(kind):
     """The GPU path end to end (Triton attention, windowed on sliding layers, Gated DeltaNet kernels, CUDA
     graph) against `generate` in fp32, where no tf32 rounding is allowed to tell them apart."""
@@ -82,7 +160,8 @@ def test_engine_on_the_gpu_equals_generate(kind):
         )[0, len(p) :].tolist()
         for p in prompts
     ]
-    engine = Engine(model, slots=3, max_len=80, eos_ids=[], sync_every=4, cuda_graph=True)
+    packed = kind == "hybrid-packed"  # prefill groups as packed rows of segments
+    engine = Engine(model, slots=3, max_len=80, eos_ids=[], sync_every=4, cuda_graph=True, packed=packed)
     assert engine.fused and engine.cuda_graph
     got, _ = engine.run(prompts, 20, progress=False)
     assert got == refs

@@ -274,6 +274,9 @@ def test_bench_regenerate_cpu_smoke(tmp_path):
             "6",
             "--profile-batch",
             "3",
+            "--admit-sizes",
+            "1,2",
+            "--packed",
             "--json-out",
             str(out),
         ],
@@ -293,6 +296,8 @@ def test_bench_regenerate_cpu_smoke(tmp_path):
     assert same["batch"] == 4 and same["prompts"] == 8 and same["ratio"] > 0 and same["decode_ratio"] > 0
     assert same["longest"] <= 9 and 8 <= same["new_tokens"] < 8 * 9  # spread lengths, counted as generated
     assert "Name" in res.stdout  # the profile table
+    assert [row["group"] for row in r["admit"]] == [1, 2] and all(row["packed"] for row in r["admit"])
+    assert all(row["again_s"] > 0 and row["bare_tokens_per_s"] > 0 and row["vs_bare"] > 0 for row in r["admit"])
 
 
 @pytest.mark.parametrize("family", ["qwen3-mixed", "mistral", "gemma2", "gpt-oss"])
