@@ -297,7 +297,7 @@ def test_bench_regenerate_cpu_smoke(tmp_path):
     assert same["longest"] <= 9 and 8 <= same["new_tokens"] < 8 * 9  # spread lengths, counted as generated
     assert "Name" in res.stdout  # the profile table
     assert [row["group"] for row in r["admit"]] == [1, 2] and all(row["packed"] for row in r["admit"])
-    assert all(row["again_s"] > 0 and row["bare_tokens_per_s"] > 0 and row["vs_bare"] > 0 for row in r["admit"])
+    assert all(row["again_s"] > 0 < row["bare_tokens_per_s"] and row["vs_bare"] > 0 for row in r["admit"])
 
 
 @pytest.mark.parametrize("family", ["qwen3-mixed", "mistral", "gemma2", "gpt-oss"])
