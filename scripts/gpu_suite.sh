@@ -226,7 +226,8 @@ for phase in "$@"; do
             --tokenizer $TOKENIZER --out /tmp/rw_target --data-out /tmp/rw_target.jsonl --samples ${WSAMPLES:-48} \
             --lengths loguniform:64:2048 > /tmp/ww/rw_make.log 2>&1 || { tail /tmp/ww/rw_make.log; exit 1; }
         END=$((SECONDS + ${WIDTH_WAIT_S:-900}))
-        until grep -q bench /tmp/study/stage 2>/dev/null || [ -f /tmp/study/done ] || [ $SECONDS -ge $END ]; do sleep 10; done
+        while [ -f /tmp/study/bg.log ] && ! grep -q bench /tmp/study/stage && [ ! -f /tmp/study/done ] \
+            && [ $SECONDS -lt $END ]; do sleep 10; done  # no study on this machine: no wait
         echo "$(date +%T) GPU jobs start"; bash scripts/gpu_suite.sh workflow_width; date +%T > /tmp/ww/done
         ;;
     workflow_width)  # issue 21: every rule (regeneration, extraction, validation, training with the full vocabulary, export,
