@@ -9,7 +9,7 @@ from draftsmith.config import section_arg
 from draftsmith.core.io import write_json, write_parquet
 from draftsmith.core.runtime import setup_logging
 from draftsmith.dataset.prepare import BadRecord, prepare
-from draftsmith.target.files import resolve_target
+from draftsmith.target.files import resolve_target, text_config
 from draftsmith.target.load import load_tokenizer
 
 
@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     setup_logging()
     cfg = section_arg(args.data_json, "data")
-    tok = load_tokenizer(resolve_target(args.target), section_arg(args.target_json, "target"))
+    target_dir = resolve_target(args.target)
+    tok = load_tokenizer(target_dir, section_arg(args.target_json, "target"))
     try:
         samples, stats = prepare(
             args.data,
@@ -54,8 +55,27 @@ def main(argv: list[str] | None = None) -> None:
             stats.records,
             ", ".join(f"{k}: {v}" for k, v in sorted(stats.problems.items())),
         )
+    if problem := ids_outside_vocabulary(samples, target_dir):
+        raise SystemExit(f"prepare: {problem}")
     write_parquet(samples, args.out)
     write_json(args.stats, vars(stats))
+
+
+def ids_outside_vocabulary(samples, target_dir) -> str | None:
+    """A token id the target has no embedding row for: its tokenizer belongs to another model. Found here,
+    before any GPU job, rather than as an index error inside the first extraction."""
+    try:
+        vocab = int(text_config(target_dir)["vocab_size"])
+    except (FileNotFoundError, KeyError):
+        return None  # no config.json to check against: the target's loading says what is wrong
+    for sid, ids in zip(samples["id"], samples["input_ids"]):
+        if len(ids) and int(ids.max()) >= vocab:
+            return (
+                f"sample {sid} has token id {int(ids.max())}, but {target_dir}/config.json gives "
+                f"vocab_size {vocab}: the tokenizer files there belong to another model (or config.json "
+                "does). Put the model's own tokenizer beside its config.json"
+            )
+    return None
 
 
 if __name__ == "__main__":

@@ -103,3 +103,23 @@ def test_a_prompt_that_fills_max_length_leaves_no_room_for_an_answer(tokenizer, 
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 200}])
     with pytest.raises(BadRecord, match="the prompt fills max_length=32: no room for an answer"):
         prepare(str(path), tokenizer, 32, False, regenerate=True)
+
+
+def test_prepare_stops_when_the_tokenizer_is_another_models(tokenizer, tmp_path):
+    """A tokenizer whose ids run past the target's embedding rows would fail inside the first extraction as an
+    index error; the prepare step names config.json and the sample instead, and writes nothing."""
+    from conftest import build_target
+
+    from draftsmith.steps.prepare import main
+
+    target = build_target(tmp_path / "target", tokenizer, "attention", layers=2)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "say hi " * 20, "response": "hi there " * 20}])
+    args = ["--target", str(target), "--data", str(data), "--data-json", "{}"]
+    main([*args, "--out", str(tmp_path / "ok.parquet"), "--stats", str(tmp_path / "ok.json")])
+    assert (tmp_path / "ok.parquet").exists()  # its own tokenizer passes
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["vocab_size"] = 64  # the tokenizer's ids go up to about 400
+    (target / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SystemExit, match=r"sample d:1 has token id \d+, but .*config\.json gives vocab_size 64"):
+        main([*args, "--out", str(tmp_path / "bad.parquet"), "--stats", str(tmp_path / "bad.json")])
+    assert not (tmp_path / "bad.parquet").exists()
