@@ -120,6 +120,7 @@ def test_prepare_stops_when_the_tokenizer_is_another_models(tokenizer, tmp_path)
     cfg = json.loads((target / "config.json").read_text())
     cfg["vocab_size"] = 64  # the tokenizer's ids go up to about 400
     (target / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(SystemExit, match=r"sample d:1 has token id \d+, but .*config\.json gives vocab_size 64"):
+    named = r"sample d:1 has token id \d+, but .*config\.json gives vocab_size 64"
+    with pytest.raises(SystemExit, match=named):
         main([*args, "--out", str(tmp_path / "bad.parquet"), "--stats", str(tmp_path / "bad.json")])
     assert not (tmp_path / "bad.parquet").exists()
