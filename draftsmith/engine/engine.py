@@ -154,6 +154,9 @@ class Engine:
         # (engine.kernels.as_segments), so that fla compiles for one batch size whatever the group's; off
         # until measured on a GPU
         self._packed_mixer = mixer_module(model) if packed else None
+        self.packed_calls = (
+            0  # Gated DeltaNet chunk calls run packed (none on the CPU, nor without such layers)
+        )
         self.temperature, self.top_p, self.pad_id = temperature, top_p, pad_id
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
         head = model.get_output_embeddings().weight.device  # where the logits are (the last GPU of a group)
@@ -197,7 +200,7 @@ class Engine:
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, int]:
         ids, att = left_pad(prompts, self.pad_id)
         pos = (att.cumsum(-1) - 1).clamp_min(0)
-        with packed_prefill(self._packed_mixer):
+        with packed_prefill(self._packed_mixer) as packer:
             out = self.model(
                 input_ids=ids.to(self.device),
                 attention_mask=att.to(self.device),
@@ -205,6 +208,7 @@ class Engine:
                 use_cache=True,
                 logits_to_keep=1,
             )
+        self.packed_calls += packer.calls if packer is not None else 0
         cache = out.get(
             "cache"
         )  # Transformers 5.2x; reading `past_key_values` there warns that it is deprecated

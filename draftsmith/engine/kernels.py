@@ -304,8 +304,10 @@ def _packed_chunk(original):
                 cu_seqlens=cu_seqlens,
                 **kw,
             )
+        chunk.calls += 1
         return as_segments(original, query, key, value, g, beta, initial_state, output_final_state, **kw)
 
+    chunk.calls = 0  # packed calls: 0 after a GPU prefill would mean the model never called the name swapped
     return chunk
 
 
@@ -313,14 +315,15 @@ def _packed_chunk(original):
 def packed_prefill(module):
     """While active, the chunked (multi-token) Gated DeltaNet calls of `module` (see mixer_module; None:
     nothing to swap) run their batch as one packed row on CUDA (`as_segments`); the CPU keeps the batch
-    call."""
+    call. Yields the wrapper (its `calls`: how many batches it packed), or None where nothing was swapped."""
     original = getattr(module, _CHUNK, None) if module is not None else None
     if not callable(original):
-        yield False
+        yield None
         return
+    wrapper = _packed_chunk(original)
     try:
-        setattr(module, _CHUNK, _packed_chunk(original))
-        yield True
+        setattr(module, _CHUNK, wrapper)
+        yield wrapper
     finally:
         setattr(module, _CHUNK, original)
 

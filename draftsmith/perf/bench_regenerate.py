@@ -70,6 +70,7 @@ def admit_times(
             {
                 "group": size,
                 "packed": packed,
+                "packed_calls": engine.packed_calls,  # so far; 0 with packed on a GPU: packing never ran
                 "first_s": times[0],
                 "again_s": times[1],
                 "prefill_s": prefill_s,

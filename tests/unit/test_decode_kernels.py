@@ -102,12 +102,13 @@ def test_packed_prefill_swaps_and_restores_and_is_transparent_on_the_cpu():
         assert swapped and module.torch_chunk_gated_delta_rule is not before
     assert module.torch_chunk_gated_delta_rule is before
     with packed_prefill(mixer_module(tiny_model("attention", VOCAB, layers=2))) as swapped:
-        assert not swapped
+        assert swapped is None
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (5, 70, 9, 33)]
     plain, _ = Engine(model, slots=4, max_len=90, eos_ids=[]).run(prompts, 8, progress=False)
-    packed, _ = Engine(model, slots=4, max_len=90, eos_ids=[], packed=True).run(prompts, 8, progress=False)
-    assert packed == plain
+    engine = Engine(model, slots=4, max_len=90, eos_ids=[], packed=True)
+    packed, _ = engine.run(prompts, 8, progress=False)
+    assert packed == plain and engine.packed_calls == 0  # the CPU keeps the batch call
     assert module.torch_chunk_gated_delta_rule is before
 
 
@@ -165,3 +166,6 @@ def test_engine_on_the_gpu_equals_generate(kind):
     assert engine.fused and engine.cuda_graph
     got, _ = engine.run(prompts, 20, progress=False)
     assert got == refs
+    assert (
+        engine.packed_calls > 0
+    ) == packed  # the model called the swapped function: packing was not a no-op
