@@ -76,6 +76,7 @@ class SlotCache:
         """Copies a left-padded prefill's cache (rows = `slot_ids`, real lengths `lengths`) into those
         slots."""
         idx = torch.as_tensor(slot_ids, device=self.device)
+        where: dict = {}  # per (device, kept width): which prefill positions go to which slot position
         for i, kind in enumerate(self.layer_types):
             src = prefill_cache.layers[i]
             if kind == "linear_attention":
@@ -93,10 +94,13 @@ class SlotCache:
                     shape = (self.slots, k.shape[1], self.length, k.shape[3])
                     self.layers[i] = _AttentionSlots(k.new_zeros(shape), v.new_zeros(shape))
                 kept = k.shape[2]  # the whole width, or a sliding layer's last window - 1 positions
-                for row, (s, n) in enumerate(zip(slot_ids, lengths)):
-                    m = min(n, kept)  # older positions stay as they are: outside the window, masked
-                    self.layers[i].keys[s, :, n - m : n] = k[row, :, kept - m :]
-                    self.layers[i].values[s, :, n - m : n] = v[row, :, kept - m :]
+                if (k.device, kept) not in where:
+                    where[(k.device, kept)] = [t.to(k.device) for t in _handover(slot_ids, lengths, kept)]
+                rows, cols, slots, pos = where[(k.device, kept)]
+                # one scatter a layer: row r's last min(n_r, kept) kept positions end at its length n_r (older
+                # positions stay as they are: outside the window, masked)
+                self.layers[i].keys[slots, :, pos] = k[rows, :, cols]
+                self.layers[i].values[slots, :, pos] = v[rows, :, cols]
 
     def nbytes(self) -> int:
         total = 0
@@ -106,3 +110,14 @@ class SlotCache:
             elif layer is not None:
                 total += layer.keys.nbytes + layer.values.nbytes
         return total
+
+
+def _handover(slot_ids: list[int], lengths: list[int], kept: int) -> tuple[torch.Tensor, ...]:
+    """Index tensors for a left-padded prefill's keys [rows, heads, kept, dim]: the (row, position) pairs that
+    hold real tokens among the last min(length, kept), and the (slot, position) each goes to. Built on the
+    host from the host's lists, so that nothing waits for the GPU."""
+    n = torch.as_tensor(lengths)
+    p = torch.arange(kept)
+    real = p[None, :] >= (kept - torch.clamp(n, max=kept))[:, None]  # [rows, kept]
+    rows, cols = real.nonzero(as_tuple=True)
+    return rows, cols, torch.as_tensor(slot_ids)[rows], n[rows] - kept + cols
