@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|prefill|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
 # Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
 # when present, for machines without package access.
 set -uo pipefail
@@ -162,20 +162,25 @@ for phase in "$@"; do
     gputests)  # the tests that only run on a GPU (Triton kernels, the engine's GPU path) and the engine's others
         python3 -m pytest -q -rs tests/unit/test_decode_kernels.py tests/unit/test_regenerate.py tests/unit/test_gpu_pool.py 2>&1 | tee "$OUT/gputests.log"
         ;;
-    prefill)  # issue 21: admissions of each group size (cold, warm, against the bare forward of the same prompts),
-        # prefill groups packed as rows of segments or not, then 256 slots end to end both ways; every process
-        # with an empty Triton cache, as a new job has
+    prefill)  # issue 21: prefill_admit, then prefill_e2e
+        "$0" prefill_admit prefill_e2e
+        ;;
+    prefill_admit)  # admissions of each group size (cold, warm, against the bare forward of the same prompts),
+        # prefill groups packed as rows of segments or not; every process with an empty Triton cache, as a new job has
         for mode in "" --packed; do
             CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE \
                 --batch-sizes "" --generate-batches "" --check-prompts 0 --admit-sizes ${ADMIT_SIZES:-1,2,3,4,8,16,32} \
                 $mode --json-out "$OUT/prefill${mode:+_packed}.json" 2>&1 | grep --line-buffered -v Warning \
                 | tee "$OUT/prefill${mode:+_packed}.log"
         done
-        for mode in "" --packed; do
+        ;;
+    prefill_e2e)  # 256 slots end to end, E2E_NEW-token answers, each of E2E_MODES ("" and --packed by default)
+        for mode in ${E2E_MODES:-"" --packed}; do
+            N=e2e${E2E_NEW:-256}${mode:+_packed}
             CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE \
                 --batch-sizes 256 --new-tokens ${E2E_NEW:-256} --waves 1 --cuda-graph --generate-batches "" \
-                --check-prompts 0 $mode --json-out "$OUT/e2e${mode:+_packed}.json" 2>&1 | grep --line-buffered -v Warning \
-                | tee "$OUT/e2e${mode:+_packed}.log"
+                --check-prompts 0 $mode --json-out "$OUT/$N.json" 2>&1 | grep --line-buffered -v Warning \
+                | tee "$OUT/$N.log"
         done
         ;;
     regen_refill)  # refill prefills: admission time per group size (cold, warm), then spread answers with refill
@@ -219,6 +224,16 @@ for phase in "$@"; do
         # or ends; logs and tables in /tmp/ww, which `watch` brings back. TOKENIZER: the study's converted target's
         mkdir -p /tmp/ww && setsid nohup bash scripts/gpu_suite.sh width_bg > /tmp/ww/bg.log 2>&1 < /dev/null &
         sleep 2; cat /tmp/ww/bg.log
+        ;;
+    width_watch)  # until the detached whole-DAG run (width_start) ends or WAIT_S seconds pass; its logs into $OUT
+        [ -f /tmp/ww/bg.log ] || { echo "no width run on this machine (a fresh one: the last went back)"; exit 3; }
+        END=$((SECONDS + ${WAIT_S:-540}))
+        while [ ! -f /tmp/ww/done ] && [ $SECONDS -lt $END ]; do
+            sleep 20; echo "$(date +%T) $(grep -c 'Finished jobid' /tmp/ww/rw_snakemake.log 2>/dev/null) jobs done |" \
+                "$(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) | disk $(df -h /tmp | tail -1 | awk '{print $3}')"
+        done
+        echo "width: $(cat /tmp/ww/done 2>/dev/null && echo finished || echo running)"; tail -5 /tmp/ww/bg.log
+        tar czf "$OUT/width.tgz" -C /tmp ww rw/logs rw/benchmarks rw/bench/summary.md rw/train/summary.json 2>/dev/null
         ;;
     width_bg)
         export TOKENIZER=${TOKENIZER:-results/study-smollm2/target/model} DRAFTSMITH_GPU_POOL=/tmp/ww_pool OUT=/tmp/ww

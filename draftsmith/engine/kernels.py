@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 
 import torch
 
@@ -259,7 +260,9 @@ def fused_decode(module):
 _CHUNK = "torch_chunk_gated_delta_rule"
 
 
-def as_segments(fn, query, key, value, g, beta, initial_state=None, output_final_state=False, **kwargs):
+def as_segments(
+    fn, query, key, value, g, beta, initial_state=None, output_final_state=False, *, boundaries=None, **kwargs
+):
     """Calls a chunked Gated DeltaNet function `fn` on a batch [B, T, ...] as one row of B segments of T
     positions (`cu_seqlens` 0, T, 2T, ...), and returns its output in the batch's shape [B, T, ...] with the
     final states [B, ...] as the batch call gives them.
@@ -267,9 +270,10 @@ def as_segments(fn, query, key, value, g, beta, initial_state=None, output_final
     fla's chunk kernels treat every segment of a packed row as its own sequence, chunked from its own start,
     so the arithmetic is the batch's; but some of them (the gates' chunk cumsum) take the batch size as a
     compile-time constant and autotune per batch size, which is what makes a prefill group of each new size
-    pay a compilation. Packed, every group is a batch of one."""
+    pay a compilation. Packed, every group is a batch of one. `boundaries`: the (device, host) copies of the
+    segment starts (`segment_starts`); fla reads its chunk indices from the host copy instead of syncing."""
     b, t = query.shape[:2]
-    cu = torch.arange(0, (b + 1) * t, t, dtype=torch.long, device=query.device)
+    cu, cu_cpu = boundaries if boundaries is not None else segment_starts(b, t, query.device)
 
     def row(x: torch.Tensor) -> torch.Tensor:
         return x.reshape(1, b * t, *x.shape[2:])
@@ -283,16 +287,38 @@ def as_segments(fn, query, key, value, g, beta, initial_state=None, output_final
         initial_state=initial_state,
         output_final_state=output_final_state,
         cu_seqlens=cu,
+        cu_seqlens_cpu=cu_cpu,
         **kwargs,
     )
+    if output_final_state and (state is None or state.shape[0] != b):
+        # Transformers' torch reference drops `cu_seqlens` and would have run the row as one sequence
+        raise RuntimeError(
+            f"packed prefill: {b} segments gave {None if state is None else state.shape[0]} final states; "
+            "the chunk function ignored cu_seqlens (packing needs fla's varlen kernels: is fla installed?)"
+        )
     return out.reshape(b, t, *out.shape[2:]), state
 
 
+def segment_starts(b: int, t: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cu_seqlens` of B segments of T positions, on `device` and on the host (built apart: no sync)."""
+    return (
+        torch.arange(0, (b + 1) * t, t, dtype=torch.long, device=device),
+        torch.arange(0, (b + 1) * t, t, dtype=torch.long),
+    )
+
+
+def _fla_present() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
 def _packed_chunk(original):
+    fla = _fla_present()  # without fla the chunk function is Transformers' reference, which knows no segments
+    starts: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
     def chunk(
         query, key, value, g, beta, initial_state=None, output_final_state=False, cu_seqlens=None, **kw
     ):
-        if not query.is_cuda or cu_seqlens is not None or query.shape[0] == 1:
+        if not (fla and query.is_cuda) or cu_seqlens is not None or query.shape[0] == 1:
             return original(
                 query,
                 key,
@@ -305,17 +331,33 @@ def _packed_chunk(original):
                 **kw,
             )
         chunk.calls += 1
-        return as_segments(original, query, key, value, g, beta, initial_state, output_final_state, **kw)
+        b, t = query.shape[:2]
+        key_ = (b, t, query.device)  # one group's layers share their segment starts
+        if key_ not in starts:
+            starts[key_] = segment_starts(b, t, query.device)
+        return as_segments(
+            original,
+            query,
+            key,
+            value,
+            g,
+            beta,
+            initial_state,
+            output_final_state,
+            boundaries=starts[key_],
+            **kw,
+        )
 
-    chunk.calls = 0  # packed calls: 0 after a GPU prefill would mean the model never called the name swapped
+    chunk.calls = 0  # layer calls packed; 0 after a GPU prefill: the model never called the swapped name
     return chunk
 
 
 @contextlib.contextmanager
 def packed_prefill(module):
     """While active, the chunked (multi-token) Gated DeltaNet calls of `module` (see mixer_module; None:
-    nothing to swap) run their batch as one packed row on CUDA (`as_segments`); the CPU keeps the batch
-    call. Yields the wrapper (its `calls`: how many batches it packed), or None where nothing was swapped."""
+    nothing to swap) run their batch as one packed row on CUDA with fla (`as_segments`); the CPU, or a GPU
+    without fla, keeps the batch call. Yields the wrapper (its `calls`: how many layer calls it packed), or
+    None where nothing was swapped."""
     original = getattr(module, _CHUNK, None) if module is not None else None
     if not callable(original):
         yield None

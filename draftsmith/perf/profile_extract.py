@@ -2,12 +2,15 @@
 
 Builds a random-weight target of a preset shape on the GPU, times the bare body forward on a log-uniform
 length mix with Transformers' torch convolution fallback and then with fla's Triton causal conv (same batches,
-one run), and prints the top CUDA kernels of a profiled pass. A GPU tool: it reads what the benchmark alone
-does not say."""
+one run), and prints the top CUDA kernels of a profiled pass and its GPU time by kind of work (matmul,
+attention, the Gated DeltaNet chunk kernels, convolution, element-wise) against the pass's wall time, the
+rest being launch gaps and host work. A GPU tool: it reads what the benchmark alone does not say."""
 
 from __future__ import annotations
 
 import argparse
+import re
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -26,6 +29,37 @@ from draftsmith.perf.shapes import build_model, load_shape
 from draftsmith.target.kernels import use_fla_conv
 from draftsmith.target.taps import forward_taps
 
+# kernel names (CUDA, Triton) by the kind of work they do; the first pattern that matches wins
+KINDS = (
+    ("matmul", r"gemm|xmma|cutlass|nvjet|cublas|wgmma|matmul"),
+    ("attention", r"flash|fmha|attention|sdpa|softmax"),
+    ("gated deltanet", r"chunk|kkt|solve_tril|inverse|recompute_w_u|fwd_h|fwd_o|l2norm|cumsum|gated_delta"),
+    ("convolution", r"conv"),
+    (
+        "norms and element-wise",
+        r"elementwise|vectorized|reduce|norm|silu|sigmoid|softplus|exp|mul|add|cat|copy|index|fill",
+    ),
+)
+
+
+def kind_of(name: str) -> str:
+    for kind, pattern in KINDS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return kind
+    return "other"
+
+
+def time_by_kind(events, wall_s: float) -> list[tuple[str, float, float]]:
+    """(kind, GPU seconds, share of wall time) per kind, then the wall time no kernel covered."""
+    totals: dict[str, float] = {}
+    for e in events:
+        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            totals[kind_of(e.key)] = totals.get(kind_of(e.key), 0.0) + us / 1e6
+    rows = sorted(((k, s, s / wall_s) for k, s in totals.items()), key=lambda r: -r[1])
+    idle = max(0.0, wall_s - sum(totals.values()))
+    return rows + [("no kernel running (launch gaps, host)", idle, idle / wall_s)]
+
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
@@ -33,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=120_000)
     p.add_argument("--budget", type=int, default=65536)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--compare-conv", action="store_true", help="time the torch convolution fallback too")
     a = p.parse_args(argv)
     device = torch.device("cuda")
     fields, taps = load_shape(a.shape)
@@ -53,16 +88,25 @@ def main(argv: list[str] | None = None) -> None:
             "TFLOP/s ceiling"
         )
 
-    timed("torch conv fallback")
+    if a.compare_conv:
+        timed("torch conv fallback")
     if use_fla_conv(model):
         timed("fla causal_conv1d")
+    elif not a.compare_conv:
+        timed("torch conv fallback")
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
         for ids, _ in staged:
             forward_taps(model, ids, None, taps)
         torch.cuda.synchronize()
-    print(
-        prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=a.top, max_name_column_width=70)
-    )
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    print(events.table(sort_by="self_cuda_time_total", row_limit=a.top, max_name_column_width=70))
+    print(f"GPU time by kind of work, profiled pass of {wall:.2f} s (profiling adds a little):")
+    print("| kind | seconds | share of the pass |\n| --- | --- | --- |")
+    for kind, secs, share in time_by_kind(events, wall):
+        print(f"| {kind} | {secs:.2f} | {share:.3f} |")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from draftsmith.dataset.extract import ExtractStats
 from draftsmith.dataset.plan import make_batches
 from draftsmith.perf.extraction import draw_lengths, model_flops, torch
+from draftsmith.perf.profile_extract import kind_of, time_by_kind
 from draftsmith.perf.shapes import build_model, load_shape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +101,32 @@ def test_storage_limited_flag_needs_slow_storage_and_waiting():
         tokens=1000, seconds=10.0, gpu_busy_seconds=9.9, write_seconds=1.0, bytes_written=10**10
     )
     assert not fast.storage_limited
+
+
+def test_the_profile_sorts_kernels_into_kinds_and_counts_the_wall_time_none_covered():
+    """Kernel names as an H200 profile of the 27B shape lists them (cuBLAS, SDPA, fla's Triton kernels,
+    ATen element-wise); the kinds' shares and the uncovered rest add up to the pass's wall time."""
+    names = {
+        "nvjet_tst_192x192_64x4_2x1_v_bz_coopA_TNT": "matmul",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "matmul",
+        "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<256, 128, 64, 4>>": "attention",
+        "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": "gated deltanet",
+        "merge_16x16_to_64x64_inverse_kernel": "gated deltanet",
+        "causal_conv1d_fwd_kernel": "convolution",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": (
+            "norms and element-wise"
+        ),
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>": "norms and element-wise",
+    }
+    assert {n: kind_of(n) for n in names} == names
+    assert kind_of("some_new_kernel") == "other"
+    times_us = {
+        "nvjet_tst_a": 600_000,
+        "chunk_fwd_kernel_o": 150_000,
+        "vectorized_elementwise_kernel": 100_000,
+    }
+    events = [SimpleNamespace(key=n, self_device_time_total=us) for n, us in times_us.items()]
+    rows = time_by_kind(events, wall_s=1.0)
+    assert [r[0] for r in rows] == ["matmul", "gated deltanet", "norms and element-wise",
+                                    "no kernel running (launch gaps, host)"]  # fmt: skip
+    assert abs(sum(r[2] for r in rows) - 1.0) < 1e-9 and abs(rows[-1][1] - 0.15) < 1e-9

@@ -94,6 +94,15 @@ def test_a_batch_packed_as_segments_gives_the_batch_call():
     torch.testing.assert_close(rows_swapped.flip(0), want, rtol=1e-5, atol=1e-5)  # each row its own sequence
 
 
+def test_a_chunk_function_that_ignores_the_segments_is_refused():
+    """Transformers' torch reference drops `cu_seqlens` (its hub wrapper keeps only the arguments it knows):
+    packed through it, a batch would run as one long sequence. as_segments must fail, not return that."""
+    chunk = mixer_module(tiny_model("hybrid", VOCAB, layers=2)).torch_chunk_gated_delta_rule
+    q, k, v, gate, beta, state = _gdn_inputs(3, 70)
+    with pytest.raises(RuntimeError, match="ignored cu_seqlens"):
+        as_segments(chunk, q, k, v, gate, beta, state[:1], True, use_qk_l2norm_in_kernel=True)
+
+
 def test_packed_prefill_swaps_and_restores_and_is_transparent_on_the_cpu():
     model = tiny_model("hybrid", VOCAB, layers=4)
     module = mixer_module(model)
