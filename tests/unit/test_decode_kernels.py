@@ -171,7 +171,9 @@ def test_engine_on_the_gpu_equals_generate(kind):
         for p in prompts
     ]
     packed = kind == "hybrid-packed"  # prefill groups as packed rows of segments
-    engine = Engine(model, slots=3, max_len=80, eos_ids=[], sync_every=4, cuda_graph=True, packed=packed)
+    # 3 slots admit one prompt at a time (groups of a quarter of the slots); 8 admit groups of 2, 2, 2, 1
+    slots = 8 if packed else 3
+    engine = Engine(model, slots=slots, max_len=80, eos_ids=[], sync_every=4, cuda_graph=True, packed=packed)
     assert engine.fused and engine.cuda_graph
     got, _ = engine.run(prompts, 20, progress=False)
     assert got == refs
