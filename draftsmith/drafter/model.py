@@ -217,19 +217,81 @@ def uses_flex(cfg: DrafterConfig, device: torch.device) -> bool:
     return device.type == "cuda" and cfg.head_dim >= FLEX_MIN_HEAD_DIM
 
 
+FLEX_TILE = 128  # FlexAttention's block (tile) of queries and of keys
+
+
+def tile_block_mask(layout: BlockLayout, window: int | None):
+    """The FlexAttention BlockMask of mask_mod_for(layout, window), built from the layout's intervals rather
+    than by evaluating the mask over every (query, key) pair.
+
+    A block of sequence s with anchor a sees the context indices [start_s + lo, start_s + a) (lo = 0; on
+    sliding layers a - window + 1 for its first query, a + B - window for all of them) and its own B
+    positions in the block region. So which 128 x 128 tiles hold any visible pair (computed, with the
+    mask_mod) and which hold only visible pairs (computed without it) follows from [blocks, key tiles]
+    interval tests: millions of comparisons where `create_block_mask` makes Q x KV (billions on a training
+    batch). Compiling `create_block_mask` instead sat for minutes in Inductor on the 27B width's first
+    batch. Returns None where the layout is not the packed one `make_batch` builds or the drafter block does
+    not divide a tile; build_masks then falls back to `create_block_mask`."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    B, T, n = layout.block_size, layout.num_ctx, int(layout.anchor.shape[0])
+    if FLEX_TILE % B or n == 0 or T == 0:
+        return None
+    per_tile = FLEX_TILE // B
+    ctx_doc, anchor, dev = layout.ctx_doc, layout.anchor, layout.anchor.device
+    first = torch.searchsorted(ctx_doc, ctx_doc)  # [T] first context index of each token's sequence
+    packed = bool((ctx_doc[1:] >= ctx_doc[:-1]).all()) and bool(
+        (layout.ctx_pos == torch.arange(T, device=dev) - first).all()
+    )
+    if not packed:  # sequences in order, each one's positions 0, 1, ... in a row
+        return None
+    start = torch.searchsorted(ctx_doc, layout.block_doc)  # [n] first context index of each block's sequence
+    Q, KV = n * B, T + n * B
+    n_q, n_kv = -(-Q // FLEX_TILE), -(-KV // FLEX_TILE)
+    hi = start + anchor  # [n] context seen: indices below the anchor's, in the block's own sequence
+    lo_any = start + ((anchor - window + 1).clamp_min(0) if window else 0)  # by the block's first query
+    lo_all = start + ((anchor + B - window).clamp_min(0) if window else 0)  # by all of its queries
+    own = T + torch.arange(n, device=dev) * B  # [n] the block's own positions: own .. own + B - 1
+    tile_lo = torch.arange(n_kv, device=dev) * FLEX_TILE  # [n_kv] a key tile's indices: lo .. lo + 127
+    tile_hi = tile_lo + FLEX_TILE
+
+    def overlaps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # [n, n_kv]: the tile meets [a, b)
+        return (tile_lo[None] < b[:, None]) & (tile_hi[None] > a[:, None]) & (b > a)[:, None]
+
+    any_pair = overlaps(lo_any, hi) | overlaps(own, own + B)  # [n, n_kv]
+    all_pairs = (tile_lo[None] >= lo_all[:, None]) & (tile_hi[None] <= hi[:, None])  # inside [lo_all, hi)
+    pad = n_q * per_tile - n  # the last query tile's missing blocks: nothing seen, so never a full tile
+    any_pair = F.pad(any_pair, (0, 0, 0, pad)).view(n_q, per_tile, n_kv).any(1)
+    all_pairs = F.pad(all_pairs, (0, 0, 0, pad)).view(n_q, per_tile, n_kv).all(1)
+
+    def as_indices(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [1,1,n_q], [1,1,n_q,n_kv]
+        counts = tiles.sum(-1, dtype=torch.int32)
+        order = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+        return counts[None, None], order[None, None]
+
+    kv_num, kv_idx = as_indices(any_pair & ~all_pairs)
+    full_num, full_idx = as_indices(all_pairs)
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=FLEX_TILE, mask_mod=mask_mod_for(layout, window),
+        seq_lengths=(Q, KV),
+    )  # fmt: skip
+
+
 def build_masks(layout: BlockLayout, cfg: DrafterConfig, use_flex: bool) -> dict:
-    """One mask per layer type present: FlexAttention block-sparse masks on GPU, dense bool tensors
-    otherwise."""
+    """One mask per layer type present: FlexAttention block-sparse masks on GPU (from the layout's intervals
+    where it can, else `create_block_mask`), dense bool tensors otherwise."""
     masks: dict = {}
     for t in set(cfg.layer_types):
         window = cfg.sliding_window if t == SLIDING else None
-        if use_flex:
+        if not use_flex:
+            masks[t] = dense_mask(layout, window)
+            continue
+        masks[t] = tile_block_mask(layout, window)
+        if masks[t] is None:
             from torch.nn.attention.flex_attention import create_block_mask
 
             Q, KV = layout.num_queries, layout.num_ctx + layout.num_queries
             masks[t] = create_block_mask(
                 mask_mod_for(layout, window), None, None, Q, KV, device=layout.anchor.device, _compile=True
             )
-        else:
-            masks[t] = dense_mask(layout, window)
     return masks

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -12,7 +13,14 @@ from draftsmith.dataset.shards import Sample
 from draftsmith.drafter.batches import make_batch
 from draftsmith.drafter.config import FULL, SLIDING, DrafterConfig, config_from_target, resolve_mask_token_id
 from draftsmith.drafter.loss import block_loss, position_weights
-from draftsmith.drafter.model import BlockLayout, Drafter, build_masks, dense_mask, mask_mod_for
+from draftsmith.drafter.model import (
+    BlockLayout,
+    Drafter,
+    build_masks,
+    dense_mask,
+    mask_mod_for,
+    tile_block_mask,
+)
 from draftsmith.drafter.zlab import load_drafter, save_zlab
 from draftsmith.speculative.proposers import BlockDrafter, load_block_drafter
 from draftsmith.target.files import load_target_head
@@ -296,3 +304,55 @@ def test_flex_masks_equal_the_dense_ones_on_the_gpu(layer_types, window):
         for use_flex in (False, True)
     ]
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-3, atol=2e-3)
+
+
+def _packed_layout(lengths: list[int], block_size: int, seed: int) -> BlockLayout:
+    """A layout as make_batch packs one: sequences in order, a block every ~20 positions at random anchors."""
+    g = torch.Generator().manual_seed(seed)
+    ctx_doc, ctx_pos, block_doc, anchor = [], [], [], []
+    for s, t in enumerate(lengths):
+        ctx_doc.append(torch.full((t,), s))
+        ctx_pos.append(torch.arange(t))
+        a = torch.sort(torch.randint(0, t, (max(1, t // 20),), generator=g)).values
+        block_doc.append(torch.full((a.shape[0],), s))
+        anchor.append(a)
+    cat = torch.cat
+    return BlockLayout(cat(ctx_doc), cat(ctx_pos), cat(block_doc), cat(anchor), block_size)
+
+
+@pytest.mark.parametrize(
+    "block_size,window,lengths",
+    [(16, None, [300, 57, 1000, 129]), (16, 100, [300, 57, 1000, 129]), (16, 400, [1500, 700]),
+     (16, 600, [3000]), (8, 37, [500, 9, 260]), (8, 300, [4000]), (32, None, [2000])],
+)  # fmt: skip
+def test_tile_block_mask_equals_the_mask_evaluated_everywhere(block_size, window, lengths):
+    """The BlockMask built from intervals against create_block_mask's evaluation of every (query, key) pair:
+    the same tiles computed, the same tiles computed without the mask_mod, and FlexAttention through it
+    gives SDPA's output with the dense mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    lay = _packed_layout(lengths, block_size, seed=len(lengths) + block_size)
+    Q, KV = lay.num_queries, lay.num_ctx + lay.num_queries
+    mine = tile_block_mask(lay, window)
+    ref = create_block_mask(mask_mod_for(lay, window), None, None, Q, KV, device="cpu", _compile=False)
+    assert torch.equal(mine.to_dense(), ref.to_dense())
+
+    def full_tiles(m) -> set[tuple[int, int]]:
+        counts, idx = m.full_kv_num_blocks[0, 0], m.full_kv_indices[0, 0]
+        return {(i, int(j)) for i in range(counts.shape[0]) for j in idx[i, : counts[i]]}
+
+    assert full_tiles(mine) == full_tiles(ref)
+    # the transposed lists the backward pass reads (FlexAttention has no backward on the CPU to run)
+    assert torch.equal(mine.q_num_blocks, ref.q_num_blocks)
+    assert torch.equal(mine.full_q_num_blocks, ref.full_q_num_blocks)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (Q, KV, KV))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(lay, window))
+    torch.testing.assert_close(flex_attention(q, k, v, block_mask=mine), want, rtol=1e-5, atol=1e-5)
+
+
+def test_tile_block_mask_leaves_what_it_cannot_read_to_create_block_mask():
+    assert tile_block_mask(_packed_layout([300], 12, seed=0), None) is None  # 12 does not divide a tile
+    lay = _packed_layout([300, 200], 16, seed=0)
+    shuffled = BlockLayout(lay.ctx_doc.flip(0), lay.ctx_pos, lay.block_doc, lay.anchor, 16)
+    assert tile_block_mask(shuffled, None) is None
