@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
 #   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
-# Logs and JSON figures go to $OUT (default gpu_out/). Wheels in .whl/ (fla-core, snakemake) are installed first
-# when present, for machines without package access.
+# Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
+# device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
+# (fla-core, snakemake) are installed first when present, for machines without package access.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -82,6 +83,9 @@ for phase in "$@"; do
         R=results/study-smollm2
         [ -f /tmp/study/bg.log ] || { echo "no study on this machine (a fresh one: the last went back); run study_start"; exit 3; }
         END=$((SECONDS + ${WATCH_S:-560}))
+        if [ -n "${CALL_END:-}" ]; then  # as in width_watch
+            LEFT=$((CALL_END - $(date +%s) - 20)); [ $((SECONDS + LEFT)) -lt $END ] && END=$((SECONDS + LEFT))
+        fi
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
             sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6"
         done
@@ -229,6 +233,9 @@ for phase in "$@"; do
     width_watch)  # until the detached whole-DAG run (width_start) ends or WAIT_S seconds pass; its logs into $OUT
         [ -f /tmp/ww/bg.log ] || { echo "no width run on this machine (a fresh one: the last went back)"; exit 3; }
         END=$((SECONDS + ${WAIT_S:-540}))
+        if [ -n "${CALL_END:-}" ]; then  # CALL_END: the call's own end (epoch seconds): stop 20 s before it
+            LEFT=$((CALL_END - $(date +%s) - 20)); [ $((SECONDS + LEFT)) -lt $END ] && END=$((SECONDS + LEFT))
+        fi
         while [ ! -f /tmp/ww/done ] && [ $SECONDS -lt $END ]; do
             sleep 20; echo "$(date +%T) $(grep -c 'Finished jobid' /tmp/ww/rw_snakemake.log 2>/dev/null) jobs done |" \
                 "$(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) | disk $(df -h /tmp | tail -1 | awk '{print $3}')"
