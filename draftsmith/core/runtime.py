@@ -3,10 +3,8 @@ device syncs."""
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import logging
-import os
 import sys
 from typing import Any
 
@@ -27,24 +25,11 @@ def json_arg(text: str) -> Any:
 
 
 def set_threads(threads: int | None) -> None:
-    """CPU jobs share the machine: each uses only the threads Snakemake gave it. Also where every step
-    starts, so the place that arms `DRAFTSMITH_STACKS_EVERY_S` (see dump_stacks_if_asked)."""
+    """CPU jobs share the machine: each uses only the threads Snakemake gave it."""
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    dump_stacks_if_asked()
-
-
-STACKS_ENV = "DRAFTSMITH_STACKS_EVERY_S"
-
-
-def dump_stacks_if_asked() -> None:
-    """With DRAFTSMITH_STACKS_EVERY_S=N set, every thread's Python stack goes to the job's log every N
-    seconds: what a job that seems to hang (no progress, an idle GPU) is waiting on, without a debugger."""
-    every = os.environ.get(STACKS_ENV)
-    if every:
-        faulthandler.dump_traceback_later(float(every), repeat=True, file=sys.stderr)
 
 
 def cpu_computes_bf16() -> bool:

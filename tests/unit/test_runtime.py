@@ -1,4 +1,4 @@
-"""What every step sets up at its start."""
+"""What every step sets up when it starts."""
 
 import os
 import subprocess
@@ -6,7 +6,9 @@ import sys
 
 
 def test_a_step_asked_for_stacks_writes_every_threads_stack_to_its_log():
-    code = "from draftsmith.core.runtime import set_threads; set_threads(1); import time; time.sleep(1.2)"
+    code = (
+        "import draftsmith.steps; import time; time.sleep(1.2)"  # what `python -m draftsmith.steps.X` imports
+    )
     env = {**os.environ, "DRAFTSMITH_STACKS_EVERY_S": "0.5"}
     err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stderr
     assert (
