@@ -28,6 +28,15 @@ unpack_study_inputs() {  # the study's GGUF from its two staged parts (checked a
     mv $G.tmp $G
 }
 
+watch_end() {  # SECONDS at which a watch phase stops: $1 seconds from now, or 20 s before CALL_END when sooner
+    local end=$((SECONDS + $1))
+    if [ -n "${CALL_END:-}" ]; then
+        local left=$((CALL_END - $(date +%s) - 20))
+        [ $((SECONDS + left)) -lt $end ] && end=$((SECONDS + left))
+    fi
+    echo $end
+}
+
 for phase in "$@"; do
     echo "=== $phase $(date +%T)"
     case $phase in
@@ -82,10 +91,7 @@ for phase in "$@"; do
     watch)  # until the detached study ends or WATCH_S seconds pass; then its logs and results into $OUT
         R=results/study-smollm2
         [ -f /tmp/study/bg.log ] || { echo "no study on this machine (a fresh one: the last went back); run study_start"; exit 3; }
-        END=$((SECONDS + ${WATCH_S:-560}))
-        if [ -n "${CALL_END:-}" ]; then  # as in width_watch
-            LEFT=$((CALL_END - $(date +%s) - 20)); [ $((SECONDS + LEFT)) -lt $END ] && END=$((SECONDS + LEFT))
-        fi
+        END=$(watch_end ${WATCH_S:-560})
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
             sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6"
         done
@@ -99,10 +105,7 @@ for phase in "$@"; do
         cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
         cat /tmp/study/sweep.log 2>/dev/null | tail -12; cat /tmp/study/recipe.yaml 2>/dev/null
         cat $R/study/summary.md 2>/dev/null | head -60
-        if [ -d /tmp/ww ]; then  # the whole-DAG run at real width, when width_start began one
-            echo "width: $(cat /tmp/ww/done 2>/dev/null || echo running) $(grep -c 'Finished jobid' /tmp/ww/rw_snakemake.log 2>/dev/null) jobs done"
-            tail -3 /tmp/ww/bg.log; tar czf "$OUT/width.tgz" -C /tmp ww /tmp/rw/logs 2>/dev/null
-        fi
+        [ -f /tmp/ww/bg.log ] && WAIT_S=0 "$0" width_watch  # the whole-DAG run at real width, if width_start began one
         ;;
     sweep)  # issue 20's recipe knobs on the study's merged data at 2,902 samples, six trainings at once on one GPU
         R=results/study-smollm2
@@ -232,10 +235,7 @@ for phase in "$@"; do
         ;;
     width_watch)  # until the detached whole-DAG run (width_start) ends or WAIT_S seconds pass; its logs into $OUT
         [ -f /tmp/ww/bg.log ] || { echo "no width run on this machine (a fresh one: the last went back)"; exit 3; }
-        END=$((SECONDS + ${WAIT_S:-540}))
-        if [ -n "${CALL_END:-}" ]; then  # CALL_END: the call's own end (epoch seconds): stop 20 s before it
-            LEFT=$((CALL_END - $(date +%s) - 20)); [ $((SECONDS + LEFT)) -lt $END ] && END=$((SECONDS + LEFT))
-        fi
+        END=$(watch_end ${WAIT_S:-540})
         while [ ! -f /tmp/ww/done ] && [ $SECONDS -lt $END ]; do
             sleep 20; echo "$(date +%T) $(grep -c 'Finished jobid' /tmp/ww/rw_snakemake.log 2>/dev/null) jobs done |" \
                 "$(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) | disk $(df -h /tmp | tail -1 | awk '{print $3}')"
