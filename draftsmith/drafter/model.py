@@ -240,10 +240,9 @@ def tile_block_mask(layout: BlockLayout, window: int | None):
     per_tile = FLEX_TILE // B
     ctx_doc, anchor, dev = layout.ctx_doc, layout.anchor, layout.anchor.device
     first = torch.searchsorted(ctx_doc, ctx_doc)  # [T] first context index of each token's sequence
-    packed = bool((ctx_doc[1:] >= ctx_doc[:-1]).all()) and bool(
-        (layout.ctx_pos == torch.arange(T, device=dev) - first).all()
-    )
-    if not packed:  # sequences in order, each one's positions 0, 1, ... in a row
+    positions_in_a_row = (layout.ctx_pos == torch.arange(T, device=dev) - first).all()
+    in_order = (ctx_doc[1:] >= ctx_doc[:-1]).all() & positions_in_a_row
+    if not bool(in_order):  # sequences in order, each one's positions 0, 1, ... in a row (one device sync)
         return None
     start = torch.searchsorted(ctx_doc, layout.block_doc)  # [n] first context index of each block's sequence
     Q, KV = n * B, T + n * B
