@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -187,9 +187,14 @@ for phase in "$@"; do
             N=e2e${E2E_NEW:-256}${mode:+_packed}
             CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=$(mktemp -d) python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE \
                 --batch-sizes 256 --new-tokens ${E2E_NEW:-256} --waves 1 --cuda-graph --generate-batches "" \
-                --check-prompts 0 $mode --json-out "$OUT/$N.json" 2>&1 | grep --line-buffered -v Warning \
+                --check-prompts 0 --again $mode --json-out "$OUT/$N.json" 2>&1 | grep --line-buffered -v Warning \
                 | tee "$OUT/$N.log"
         done
+        ;;
+    regen_profile)  # issue 21: where a decode step's time goes at PROFILE_BATCH slots (GPU time by kind of work)
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes "" \
+            --generate-batches "" --check-prompts 0 --profile-batch ${PROFILE_BATCH:-256} --new-tokens 256 2>&1 \
+            | grep --line-buffered -v Warning | tee "$OUT/regen_profile.log"
         ;;
     regen_refill)  # refill prefills: admission time per group size (cold, warm), then spread answers with refill
         # groups of any size against powers of two; each process gets an empty Triton cache, as a new job would
@@ -265,7 +270,7 @@ for phase in "$@"; do
             "data: {path: $T.jsonl, max_length: 4096, regenerate: {enabled: true, max_new_tokens: 128, batch_size: 64}}" \
             "extract: {shards: 2, validate_samples: 2}" \
             "drafter: {num_layers: 5, block_size: 16, sliding_window: 2048, layer_types: [sliding_attention, sliding_attention, sliding_attention, sliding_attention, full_attention]}" \
-            "train: {epochs: 1, max_steps: ${WSTEPS:-30}, token_budget: 16384, anchors_per_seq: 512, heldout_fraction: 0.1}" \
+            "train: {epochs: 1, max_steps: ${WSTEPS:-30}, token_budget: 16384, anchors_per_seq: 512, heldout_fraction: 0.1, checkpoint_every: 0}" \
             "bench: {datasets: [{name: heldout, path: $T.jsonl}], max_prompts: 4, parts: 1, max_new_tokens: 128, ddtree_budgets: [16, 64], fp32_check_prompts: 1, warmup: 1}" \
             > /tmp/rw.yaml
         DRAFTSMITH_GPUS=${WGPUS:-0} python3 -m snakemake all --cores 16 --resources gpu=1 --configfile /tmp/rw.yaml \

@@ -102,8 +102,31 @@ def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+CHECKPOINTS_KEPT = 2  # the newest two: a run killed while writing one still has the one before
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two fp32 moments
+EXPORT_BYTES_PER_PARAM = 4  # final/ holds the weights in fp32
+
+
+def check_disk(out: Path, model: Drafter, *, checkpoints: bool) -> None:
+    """Stops before the first step when the results disk cannot hold what training writes: checkpoints of a
+    27B target's drafter are 23 GB each, and a full disk would end the job only after its steps were spent."""
+    params = sum(p.numel() for p in model.parameters())
+    per_param = EXPORT_BYTES_PER_PARAM + (CHECKPOINT_BYTES_PER_PARAM * CHECKPOINTS_KEPT if checkpoints else 0)
+    need = params * per_param
+    existing = out / "checkpoints"
+    have = shutil.disk_usage(out).free + sum(f.stat().st_size for f in existing.glob("step_*.pt"))
+    if need > have:
+        raise SystemExit(
+            f"train: {out} has {have / 1e9:.1f} GB free, and training a drafter of {params / 1e9:.2f}B parameters "
+            f"writes up to {need / 1e9:.1f} GB ({CHECKPOINTS_KEPT} checkpoints of "
+            f"{params * CHECKPOINT_BYTES_PER_PARAM / 1e9:.1f} GB and the fp32 export). Free space there, point "
+            "`results` at a larger disk, or set train.checkpoint_every: 0 in the config (no checkpoints, no "
+            "resume)."
+        )
+
+
 def _save_checkpoint(
-    ckpt_dir: Path, step: int, model: Drafter, opt: torch.optim.Optimizer, keep: int = 2
+    ckpt_dir: Path, step: int, model: Drafter, opt: torch.optim.Optimizer, keep: int = CHECKPOINTS_KEPT
 ) -> None:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     path = ckpt_dir / f"step_{step:08d}.pt"
@@ -190,6 +213,7 @@ def train(
     metrics = None
     if run.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
+        check_disk(out, run.model, checkpoints=bool(int(run.tcfg["checkpoint_every"])))
         metrics = _reopen_metrics(out / "metrics.csv", _metrics_columns(run.cfg.block_size), step)
     from tqdm import tqdm
 
@@ -211,7 +235,8 @@ def train(
                 t0=t0,
             )
         bar.update(1)
-        if step % int(run.tcfg["checkpoint_every"]) == 0 or step == run.total:
+        every = int(run.tcfg["checkpoint_every"])
+        if every and (step % every == 0 or step == run.total):
             _checkpoint(ckpt_dir, run, step=step)
         if stop_after is not None and step >= stop_after:
             break

@@ -52,6 +52,9 @@ from draftsmith.target.layers import (
 from draftsmith.target.sampling import pick
 
 
+PREFILL_TOKENS = 16384  # prompt tokens prefilled together at most (a group's activations and states)
+
+
 @dataclass
 class RegenStats:
     prompts: int = 0
@@ -119,7 +122,7 @@ class Engine:
         top_p: float = 1.0,
         seed: int = 0,
         sync_every: int = 8,
-        prefill_tokens: int = 16384,
+        prefill_tokens: int = PREFILL_TOKENS,
         pad_id: int = 0,
         cuda_graph: bool = False,
         fused_kernels: bool = True,

@@ -21,24 +21,10 @@ from draftsmith.core.io import write_json
 from draftsmith.core.runtime import resolve_dtype, sync_device
 from draftsmith.engine.engine import Engine
 from draftsmith.engine.kernels import time_kernels
-from draftsmith.perf.regeneration import bench
+from draftsmith.perf.regeneration import bare_forward_s, bench
+from draftsmith.perf.profile_extract import time_by_kind
 from draftsmith.perf.shapes import TINY_SHAPES, build_model, load_shape
 from draftsmith.target.kernels import report_kernels, use_fla_conv
-from draftsmith.target.layers import body
-
-
-def _bare_forward_s(model, prompts: list[list[int]]) -> float:
-    """Seconds of the decoder stack's forward alone on these prompts (no cache, no LM head: what extraction
-    runs), warm: the same call once before the timed one."""
-    device = next(model.parameters()).device
-    ids = torch.tensor(prompts, device=device)
-    with torch.inference_mode():
-        for _ in range(2):
-            sync_device(device)
-            t0 = time.perf_counter()
-            body(model)(input_ids=ids, use_cache=False)
-            sync_device(device)
-    return time.perf_counter() - t0
 
 
 def admit_times(
@@ -65,7 +51,7 @@ def admit_times(
         engine._prefill(prompts[:size])
         sync_device(device)
         prefill_s = time.perf_counter() - t0
-        bare_s = _bare_forward_s(model, prompts[:size])
+        bare_s = bare_forward_s(model, prompts[:size])
         rows.append(
             {
                 "group": size,
@@ -98,8 +84,9 @@ def profile_steps(
     new_tokens: int = 64,
     fused: bool = True,
 ) -> str:
-    """The top kernels of `steps` eager decode steps with every slot live: where a step's time goes (each
-    slot's cache holds room for `new_tokens` answers)."""
+    """The top kernels of `steps` eager decode steps with every slot live, then a step's GPU time by kind of
+    work: where a step's time goes, and what a CUDA graph of the step (no launch gaps) would cost at least
+    (each slot's cache holds room for `new_tokens` answers)."""
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(slots)]
     engine = Engine(model, slots=slots, max_len=prompt_len + new_tokens + 1, eos_ids=[], fused_kernels=fused)
@@ -111,10 +98,19 @@ def profile_steps(
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
     ) as prof:
+        t0 = time.perf_counter()
         for _ in range(steps):
             engine._step()
         sync_device(engine.device)
-    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60)
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    kinds = [
+        f"GPU time a step by kind of work, {slots} slots ({wall / steps * 1e3:.1f} ms a profiled eager step):"
+    ]
+    kinds += ["| kind | ms a step | share of the eager step |", "| --- | --- | --- |"]
+    kinds += [f"| {k} | {s / steps * 1e3:.2f} | {share:.3f} |" for k, s, share in time_by_kind(events, wall)]
+    table = events.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60)
+    return table + "\n" + "\n".join(kinds)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
         "--profile-batch",
         type=int,
         default=0,
-        help="first print the top kernels of decode steps at this batch",
+        help="first print the top kernels of decode steps at this batch, and a step's GPU time by kind (without "
+        "the in-place kernels too where --unfused-batches names this batch)",
     )
     p.add_argument("--kernel-times", action="store_true", help="first time the in-place decode kernels alone")
     p.add_argument(
@@ -196,7 +193,8 @@ def _first_figures(model, a: argparse.Namespace, device: torch.device) -> list[d
             times = time_kernels(device, slots)
             print(f"decode kernels, one layer at {slots} slots, ms per call:", times)
     if a.profile_batch:
-        for fused in (True, False) if device.type == "cuda" else (True,):
+        unfused_too = device.type == "cuda" and a.profile_batch in _ints(a.unfused_batches)
+        for fused in (True, False) if unfused_too else (True,):
             print(f"profile at batch {a.profile_batch}, in-place kernels {fused}:")
             print(
                 profile_steps(

@@ -13,6 +13,7 @@ import re
 import time
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from draftsmith.config import default_taps
@@ -32,8 +33,11 @@ from draftsmith.target.taps import forward_taps
 # kernel names (CUDA, Triton) by the kind of work they do; the first pattern that matches wins
 KINDS = (
     ("matmul", r"gemm|xmma|cutlass|nvjet|cublas|wgmma|matmul"),
-    ("attention", r"flash|fmha|attention|sdpa|softmax"),
-    ("gated deltanet", r"chunk|kkt|solve_tril|inverse|recompute_w_u|fwd_h|fwd_o|l2norm|cumsum|gated_delta"),
+    ("attention", r"flash|fmha|attention|attend|sdpa|softmax"),
+    (
+        "gated deltanet",
+        r"chunk|kkt|solve_tril|inverse|recompute_w_u|fwd_h|fwd_o|l2norm|cumsum|gated_delta|gdn_step|recurrent",
+    ),
     ("convolution", r"conv"),
     (
         "norms and element-wise",
@@ -53,6 +57,10 @@ def time_by_kind(events, wall_s: float) -> list[tuple[str, float, float]]:
     """(kind, GPU seconds, share of wall time) per kind, then the wall time no kernel covered."""
     totals: dict[str, float] = {}
     for e in events:
+        if (
+            getattr(e, "device_type", None) == DeviceType.CPU
+        ):  # a CPU op: its kernels are counted as themselves
+            continue
         us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
         if us > 0:
             totals[kind_of(e.key)] = totals.get(kind_of(e.key), 0.0) + us / 1e6

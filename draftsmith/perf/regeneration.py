@@ -9,8 +9,9 @@ import numpy as np
 import torch
 
 from draftsmith.core.runtime import sync_device
-from draftsmith.engine.engine import Engine, RegenStats, left_pad
+from draftsmith.engine.engine import PREFILL_TOKENS, Engine, RegenStats, left_pad
 from draftsmith.engine.kernels import available, self_check
+from draftsmith.target.layers import body
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,20 @@ def hf_generate(
     )
     sync_device(device)
     return out[:, ids.shape[1] :].tolist(), time.perf_counter() - t0
+
+
+def bare_forward_s(model, prompts: list[list[int]]) -> float:
+    """Seconds of the decoder stack's forward alone on these prompts (no cache, no LM head: what extraction
+    runs), warm: the same call once before the timed one."""
+    device = next(model.parameters()).device
+    ids = torch.tensor(prompts, device=device)
+    with torch.inference_mode():
+        for _ in range(2):
+            sync_device(device)
+            t0 = time.perf_counter()
+            body(model)(input_ids=ids, use_cache=False)
+            sync_device(device)
+    return time.perf_counter() - t0
 
 
 def answer_lengths(n: int, longest: int, spread: bool, seed: int = 0) -> list[int]:
@@ -270,6 +285,7 @@ def _engine_figures(engine: Engine, stats: RegenStats, answers: list[list[int]],
         "seconds": stats.seconds,
         "prefill_seconds": stats.prefill_seconds,
         "steps": stats.steps,
+        "prefill_tokens_per_s": stats.prefill_tokens / max(stats.prefill_seconds, 1e-9),
         "step_ms": 1e3 * (stats.seconds - stats.prefill_seconds) / max(stats.steps, 1),
         "cache_gb": engine.cache.nbytes() / 1e9,
         "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
@@ -292,6 +308,7 @@ def _row_again(
         "again_new_tokens_per_s": warm.new_tokens_per_s,
         "again_seconds": warm.seconds,
         "again_prefill_seconds": warm.prefill_seconds,
+        "again_prefill_tokens_per_s": warm.prefill_tokens / max(warm.prefill_seconds, 1e-9),
     }
 
 
@@ -409,6 +426,25 @@ def engine_rows(
     return rows, graph_ok
 
 
+def prefill_against_bare(model, prompts: list[list[int]], rows: list[dict], *, prompt_len: int, log) -> dict:
+    """The bare forward on one prefill group's worth of the same prompts (what the engine prefills at once),
+    and each engine row's prefill rate (first run and warm) as a fraction of it: the issue's prefill figure."""
+    group = min(len(prompts), max(1, PREFILL_TOKENS // prompt_len))
+    bare = group * prompt_len / bare_forward_s(model, prompts[:group])
+    for row in rows:
+        for key in ("prefill_tokens_per_s", "again_prefill_tokens_per_s"):
+            if key in row:
+                row[key.replace("tokens_per_s", "vs_bare")] = row[key] / bare
+        if "prefill_vs_bare" in row:
+            warm = row.get("again_prefill_vs_bare")
+            log(
+                f"prefill at batch {row['batch']} (graph {row['cuda_graph']}): {row['prefill_tokens_per_s']:.0f} "
+                f"prompt tok/s, {row['prefill_vs_bare']:.2f} of the bare forward's {bare:.0f} on {group} of the "
+                f"same prompts" + (f"; warm {warm:.2f} of it" if warm is not None else "")
+            )
+    return {"bare_prefill_group": group, "bare_prefill_tokens_per_s": bare}
+
+
 def best_row(rows: list[dict], *, log=print) -> dict | None:
     """The fastest engine row end to end; None when every variant failed."""
     ok = [r for r in rows if "error" not in r]
@@ -483,6 +519,8 @@ def bench(
         again=again,
         log=log,
     )
+    if device.type == "cuda" and batch_sizes:
+        result.update(prefill_against_bare(model, prompts, result["engine"], prompt_len=prompt_len, log=log))
     result["best"] = best_row(result["engine"], log=log)
     result["same_prompts"] = []
     for b in generate_batches:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from draftsmith.config import section_arg
-from draftsmith.core.runtime import set_threads
+from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.drafter.train import run
 from draftsmith.target.files import resolve_target
 from draftsmith.target.mask import no_mask_message, settle_mask_token
@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target-json", default="{}", help="the config's `target` section (mask token, template)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: every core)")
     a = p.parse_args(argv)
+    setup_logging()  # the GPU pool's lines (devices taken, peak memory) go to the job's log
     set_threads(a.threads)
     import torch
 

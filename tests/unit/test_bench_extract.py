@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from torch.autograd import DeviceType
 
 from draftsmith.dataset.extract import ExtractStats
 from draftsmith.dataset.plan import make_batches
@@ -120,12 +121,20 @@ def test_the_profile_sorts_kernels_into_kinds_and_counts_the_wall_time_none_cove
     }
     assert {n: kind_of(n) for n in names} == names
     assert kind_of("some_new_kernel") == "other"
+    # the engine's own decode kernels (draftsmith.engine.triton_kernels)
+    assert [kind_of(n) for n in ("gdn_step", "conv_step", "attend")] == [
+        "gated deltanet",
+        "convolution",
+        "attention",
+    ]
     times_us = {
         "nvjet_tst_a": 600_000,
         "chunk_fwd_kernel_o": 150_000,
         "vectorized_elementwise_kernel": 100_000,
     }
     events = [SimpleNamespace(key=n, self_device_time_total=us) for n, us in times_us.items()]
+    # a profile with CPU activity lists the ops too; their kernels are already counted as themselves
+    events.append(SimpleNamespace(key="aten::mm", self_device_time_total=600_000, device_type=DeviceType.CPU))
     rows = time_by_kind(events, wall_s=1.0)
     assert [r[0] for r in rows] == ["matmul", "gated deltanet", "norms and element-wise",
                                     "no kernel running (launch gaps, host)"]  # fmt: skip

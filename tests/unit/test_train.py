@@ -365,6 +365,27 @@ def test_a_subset_at_equal_compute_trains_the_whole_splits_steps(toy, tmp_path):
     assert equal["heldout_samples"] == whole["heldout_samples"]
 
 
+def test_no_checkpoints_when_asked_and_a_full_disk_stops_before_the_first_step(toy, tmp_path, monkeypatch):
+    """A 27B target's drafter (1.9B parameters) writes 23 GB a checkpoint: on 2026-12-03 the width run's
+    training filled a 64 GB disk. checkpoint_every 0 writes none; a disk too small stops the job at once, with
+    the keys to change named."""
+    summary = train(
+        toy["manifest"], toy["target"], tmp_path / "none", DRAFTER, {**TRAIN, "checkpoint_every": 0}
+    )
+    assert summary["steps"] > 0 and (tmp_path / "none" / "final" / "model.safetensors").exists()
+    assert not list((tmp_path / "none").glob("checkpoints/*.pt"))
+    import shutil as sh
+
+    real = sh.disk_usage
+    monkeypatch.setattr(
+        "draftsmith.drafter.train.shutil.disk_usage", lambda p: real(p)._replace(free=1000)
+    )  # the free space a full disk reports; the rest is real
+    with pytest.raises(SystemExit, match="train.checkpoint_every: 0") as e:
+        train(toy["manifest"], toy["target"], tmp_path / "full", DRAFTER, TRAIN)
+    assert str(tmp_path / "full") in str(e.value)
+    assert not (tmp_path / "full" / "metrics.csv").exists()
+
+
 def test_sweep_trains_one_variant_per_value_and_ranks_them(toy, tmp_path, monkeypatch, capsys):
     """The recipe sweep (draftsmith.perf.sweep_train) runs the training step per variant, two at a time, and
     its table holds every variant's held-out accuracy, the winner's changed keys become a config file; a bad
