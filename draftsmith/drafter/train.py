@@ -117,11 +117,11 @@ def check_disk(out: Path, model: Drafter, *, checkpoints: bool) -> None:
     have = shutil.disk_usage(out).free + sum(f.stat().st_size for f in existing.glob("step_*.pt"))
     if need > have:
         raise SystemExit(
-            f"train: {out} has {have / 1e9:.1f} GB free, and training a drafter of {params / 1e9:.2f}B parameters "
-            f"writes up to {need / 1e9:.1f} GB ({CHECKPOINTS_KEPT} checkpoints of "
-            f"{params * CHECKPOINT_BYTES_PER_PARAM / 1e9:.1f} GB and the fp32 export). Free space there, point "
-            "`results` at a larger disk, or set train.checkpoint_every: 0 in the config (no checkpoints, no "
-            "resume)."
+            f"train: {out} has {have / 1e9:.1f} GB free, and training a drafter of {params / 1e9:.2f}B "
+            f"parameters writes up to {need / 1e9:.1f} GB ({CHECKPOINTS_KEPT} checkpoints of "
+            f"{params * CHECKPOINT_BYTES_PER_PARAM / 1e9:.1f} GB and the fp32 export). Free space there, "
+            "point `results` at a larger disk, or set train.checkpoint_every: 0 in the config (no "
+            "checkpoints, no resume)."
         )
 
 

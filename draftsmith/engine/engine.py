@@ -51,7 +51,6 @@ from draftsmith.target.layers import (
 )
 from draftsmith.target.sampling import pick
 
-
 PREFILL_TOKENS = 16384  # prompt tokens prefilled together at most (a group's activations and states)
 
 

@@ -21,8 +21,8 @@ from draftsmith.core.io import write_json
 from draftsmith.core.runtime import resolve_dtype, sync_device
 from draftsmith.engine.engine import Engine
 from draftsmith.engine.kernels import time_kernels
-from draftsmith.perf.regeneration import bare_forward_s, bench
 from draftsmith.perf.profile_extract import time_by_kind
+from draftsmith.perf.regeneration import bare_forward_s, bench
 from draftsmith.perf.shapes import TINY_SHAPES, build_model, load_shape
 from draftsmith.target.kernels import report_kernels, use_fla_conv
 
@@ -141,8 +141,8 @@ def _parser() -> argparse.ArgumentParser:
         "--profile-batch",
         type=int,
         default=0,
-        help="first print the top kernels of decode steps at this batch, and a step's GPU time by kind (without "
-        "the in-place kernels too where --unfused-batches names this batch)",
+        help="first print the top kernels of decode steps at this batch, and a step's GPU time by kind "
+        "(without the in-place kernels too where --unfused-batches names this batch)",
     )
     p.add_argument("--kernel-times", action="store_true", help="first time the in-place decode kernels alone")
     p.add_argument(

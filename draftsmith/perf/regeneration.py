@@ -427,8 +427,9 @@ def engine_rows(
 
 
 def prefill_against_bare(model, prompts: list[list[int]], rows: list[dict], *, prompt_len: int, log) -> dict:
-    """The bare forward on one prefill group's worth of the same prompts (what the engine prefills at once),
-    and each engine row's prefill rate (first run and warm) as a fraction of it: the issue's prefill figure."""
+    """The bare forward on one prefill group's worth of the same prompts (what the engine prefills at
+    once), and each engine row's prefill rate (first run and warm) as a fraction of it: the issue's prefill
+    figure."""
     group = min(len(prompts), max(1, PREFILL_TOKENS // prompt_len))
     bare = group * prompt_len / bare_forward_s(model, prompts[:group])
     for row in rows:
@@ -438,9 +439,10 @@ def prefill_against_bare(model, prompts: list[list[int]], rows: list[dict], *, p
         if "prefill_vs_bare" in row:
             warm = row.get("again_prefill_vs_bare")
             log(
-                f"prefill at batch {row['batch']} (graph {row['cuda_graph']}): {row['prefill_tokens_per_s']:.0f} "
-                f"prompt tok/s, {row['prefill_vs_bare']:.2f} of the bare forward's {bare:.0f} on {group} of the "
-                f"same prompts" + (f"; warm {warm:.2f} of it" if warm is not None else "")
+                f"prefill at batch {row['batch']} (graph {row['cuda_graph']}): "
+                f"{row['prefill_tokens_per_s']:.0f} prompt tok/s, {row['prefill_vs_bare']:.2f} of the bare "
+                f"forward's {bare:.0f} on {group} of the same prompts"
+                + (f"; warm {warm:.2f} of it" if warm is not None else "")
             )
     return {"bare_prefill_group": group, "bare_prefill_tokens_per_s": bare}
 
