@@ -68,6 +68,10 @@ class SlotCache:
     def is_recording_past(self, layer_idx: int | None = None) -> bool:
         return False
 
+    def increase_count(self, layer_idx: int, state_idx: int = 0) -> None:
+        """Transformers 5.25 counts decoded tokens on the cache when the convolution updates its state in
+        place; a slot's position lives in `pos`, so there is nothing to count."""
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always passed explicitly
 
