@@ -19,7 +19,7 @@ import torch
 
 from draftsmith.core.io import write_json
 from draftsmith.core.runtime import resolve_dtype, sync_device
-from draftsmith.engine.engine import Engine
+from draftsmith.engine.engine import PREFILL_TOKENS, Engine
 from draftsmith.engine.kernels import time_kernels
 from draftsmith.perf.profile_extract import time_by_kind
 from draftsmith.perf.regeneration import bare_forward_s, bench
@@ -91,7 +91,10 @@ def profile_steps(
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(slots)]
     engine = Engine(model, slots=slots, max_len=prompt_len + new_tokens + 1, eos_ids=[], fused_kernels=fused)
     engine.run(prompts[:1], 4, progress=False)  # warm-up
-    engine._admit(list(range(slots)), prompts, [new_tokens] * slots)
+    group = max(1, PREFILL_TOKENS // prompt_len)  # as the engine admits: a whole batch at once would not fit
+    for first in range(0, slots, group):
+        ids = list(range(first, min(slots, first + group)))
+        engine._admit(ids, [prompts[i] for i in ids], [new_tokens] * len(ids))
     for _ in range(2):
         engine._step()
     sync_device(engine.device)
