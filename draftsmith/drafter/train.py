@@ -209,11 +209,12 @@ def train(
         preset_mask_token_id=preset_mask_token_id,
     )
     step = start = _resume(ckpt_dir, run)
+    every = int(run.tcfg["checkpoint_every"])  # 0: no checkpoints
     ddp = wrap_ddp(run.model, run.device) if run.world > 1 else run.model
     metrics = None
     if run.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        check_disk(out, run.model, checkpoints=bool(int(run.tcfg["checkpoint_every"])))
+        check_disk(out, run.model, checkpoints=every > 0)
         metrics = _reopen_metrics(out / "metrics.csv", _metrics_columns(run.cfg.block_size), step)
     from tqdm import tqdm
 
@@ -235,7 +236,6 @@ def train(
                 t0=t0,
             )
         bar.update(1)
-        every = int(run.tcfg["checkpoint_every"])
         if every and (step % every == 0 or step == run.total):
             _checkpoint(ckpt_dir, run, step=step)
         if stop_after is not None and step >= stop_after:

@@ -57,9 +57,8 @@ def time_by_kind(events, wall_s: float) -> list[tuple[str, float, float]]:
     """(kind, GPU seconds, share of wall time) per kind, then the wall time no kernel covered."""
     totals: dict[str, float] = {}
     for e in events:
-        if (
-            getattr(e, "device_type", None) == DeviceType.CPU
-        ):  # a CPU op: its kernels are counted as themselves
+        # a CPU op: the kernels it launched are counted as themselves
+        if getattr(e, "device_type", None) == DeviceType.CPU:
             continue
         us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
         if us > 0:
