@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -21,7 +22,13 @@ from draftsmith.core.io import tmp_path, write_jsonl
 from draftsmith.dataset.prepare import render
 from draftsmith.dataset.prompts import prompt_messages, read_prompts
 from draftsmith.speculative.loop import is_hybrid, speculative_generate
-from draftsmith.speculative.proposers import Proposer, ShorterBlock, load_block_drafter
+from draftsmith.speculative.proposers import (
+    BlockDrafter,
+    Proposer,
+    ShorterBlock,
+    Wrapped,
+    load_block_drafter,
+)
 from draftsmith.speculative.replay import ar_generate, replay, target_hidden, tau
 from draftsmith.target.load import eos_ids_of, load_configured_target
 
@@ -299,6 +306,7 @@ def run_bench(
     )
     done = _resume_partial(partial, key, count=len(mine))
     todo = [i for i in range(len(mine)) if i not in done]
+    models: _Models | None = None
     with acquire(gpus if todo else 0) as devices, partial.open("a") as log_f:
         if todo:
             models = _load_models(
@@ -309,21 +317,25 @@ def run_bench(
             for w in range(int(bench["warmup"])):  # compile kernels, warm allocators
                 ids = prompt_ids_of(mine[todo[0]], models.tokenizer, thinking)
                 _bench_with(models, ids, taps=tap_ids, bench=bench, seed=w)
-        for n, i in enumerate(tqdm(todo, desc=f"bench {dataset} part {part}", unit="prompt"), 1):
-            rec = mine[i]
-            ids = prompt_ids_of(rec, models.tokenizer, thinking)
-            rows = [
-                {"dataset": dataset, "id": str(rec.get("id", part + i * parts)), **r}
-                for r in _bench_with(models, ids, taps=tap_ids, bench=bench, seed=part + i * parts)
-            ]
-            done[i] = rows
-            _append_done(log_f, i, rows)
-            faults.pause(f"bench:{n}")  # a drill: killed here, the rerun starts at the next prompt
-    rows = [r for i in sorted(done) for r in done[i]]
-    rows += fp32_check(
-        target_dir, drafter_dir, mine, dataset=dataset, part=part, parts=parts, rows=rows, gpus=gpus,
-        target_cfg=target_cfg, bench=bench, taps=taps or drafter_taps(drafter_dir),
-    )  # fmt: skip
+            for n, i in enumerate(tqdm(todo, desc=f"bench {dataset} part {part}", unit="prompt"), 1):
+                rec = mine[i]
+                ids = prompt_ids_of(rec, models.tokenizer, thinking)
+                rows = [
+                    {"dataset": dataset, "id": str(rec.get("id", part + i * parts)), **r}
+                    for r in _bench_with(models, ids, taps=tap_ids, bench=bench, seed=part + i * parts)
+                ]
+                done[i] = rows
+                _append_done(log_f, i, rows)
+                faults.pause(f"bench:{n}")  # a drill: killed here, the rerun starts at the next prompt
+        rows = [r for i in sorted(done) for r in done[i]]
+        check = functools.partial(
+            fp32_check, target_dir, drafter_dir, mine, dataset=dataset, part=part, parts=parts, rows=rows,
+            gpus=gpus, target_cfg=target_cfg, bench=bench, taps=taps or drafter_taps(drafter_dir),
+        )  # fmt: skip
+        if models is not None:  # on the devices held now, before they go back to the pool
+            rows += check(loaded=models)
+    if models is None:  # a rerun that found every prompt done: the check takes devices of its own
+        rows += check()
     write_jsonl(out, rows, tmp=out.with_name(out.name + ".tmp"))  # tmp_path(out) holds the progress
     partial.unlink()
     return len(rows)
@@ -342,30 +354,61 @@ def fp32_check(
     target_cfg: dict,
     bench: dict,
     taps: list[int],
+    loaded: _Models | None = None,
 ) -> list[dict]:
     """The first `bench.fp32_check_prompts` prompts again with target and drafter in fp32: there the real
     DFlash loop must equal greedy decoding exactly, so a difference is a bug, not bf16 rounding. One record
-    each (`check: fp32`). Nothing to do where the bench ran in fp32 already, or without the real loop."""
+    each (`check: fp32`). Nothing to do where the bench ran in fp32 already, or without the real loop.
+
+    `loaded` (the bench's models, still on their devices) is cast to fp32 where it is; only a rerun that
+    found every prompt done reads the models from disk again."""
     count = min(int(bench["fp32_check_prompts"]), len(prompts))
     ran_fp32 = all(r.get("dtype") == "float32" for r in rows)
     if not count or ran_fp32 or not bench["real_loop"] or float(bench["temperature"]) > 0:
         return []
-    checks = []
+    if loaded is not None:
+        return _check_in_fp32(_as_fp32(loaded, bench), prompts[:count], dataset=dataset, part=part,
+                              parts=parts, bench=bench, taps=taps)  # fmt: skip
     with acquire(gpus) as devices:
         models = _load_models(
             target_dir, drafter_dir, devices=devices, target_cfg={**target_cfg, "dtype": "fp32"}, bench=bench
         )
-        thinking, max_new = bool(bench["thinking"]), int(bench["max_new_tokens"])
-        for i, rec in enumerate(prompts[:count]):
-            ids = prompt_ids_of(rec, models.tokenizer, thinking)
-            greedy = ar_generate(models.target, ids, max_new, models.stop_ids)
-            real = _greedy_loop(models.target, models.drafter, ids, taps, budget=None, bench=bench,
-                                stop_ids=models.stop_ids, greedy=greedy.tokens)  # fmt: skip
-            checks.append({
-                "dataset": dataset, "id": str(rec.get("id", part + i * parts)), "check": "fp32",
-                "method": "dflash", "dtype": "float32", "exact": real["exact"],
-                "divergence": real["divergence"],
-            })  # fmt: skip
+        return _check_in_fp32(
+            models, prompts[:count], dataset=dataset, part=part, parts=parts, bench=bench, taps=taps
+        )
+
+
+def _as_fp32(models: _Models, bench: dict) -> _Models:
+    """The loaded target and drafter cast to fp32 on their devices: reading a target of the 27B width
+    again from disk in fp32 took minutes, a cast takes a second."""
+    block = models.drafter
+    while isinstance(block, Wrapped):
+        block = block.inner
+    if not isinstance(block, BlockDrafter):
+        raise TypeError(f"the fp32 check needs the trained BlockDrafter, not {type(block).__name__}")
+    drafter: Proposer = BlockDrafter(block.model.float(), block.embed.float(), block.lm_head.float())
+    if bench["block_size"]:
+        drafter = ShorterBlock(drafter, int(bench["block_size"]))
+    return _Models(
+        target=models.target.float(), tokenizer=models.tokenizer, drafter=drafter, stop_ids=models.stop_ids
+    )
+
+
+def _check_in_fp32(
+    models: _Models, prompts: list[dict], *, dataset: str, part: int, parts: int, bench: dict, taps: list[int]
+) -> list[dict]:
+    """The real DFlash loop against greedy decoding on fp32 models, one `check: fp32` record a prompt."""
+    checks = []
+    thinking, max_new = bool(bench["thinking"]), int(bench["max_new_tokens"])
+    for i, rec in enumerate(prompts):
+        ids = prompt_ids_of(rec, models.tokenizer, thinking)
+        greedy = ar_generate(models.target, ids, max_new, models.stop_ids)
+        real = _greedy_loop(models.target, models.drafter, ids, taps, budget=None, bench=bench,
+                            stop_ids=models.stop_ids, greedy=greedy.tokens)  # fmt: skip
+        checks.append({
+            "dataset": dataset, "id": str(rec.get("id", part + i * parts)), "check": "fp32",
+            "method": "dflash", "dtype": "float32", "exact": real["exact"], "divergence": real["divergence"],
+        })  # fmt: skip
     return checks
 
 

@@ -38,6 +38,14 @@ def test_bf16_bench_reruns_prompts_in_fp32_and_reports_them(attention_target, tm
     assert [r["id"] for r in checks] == ["p0", "p1"] and all(r["exact"] for r in checks)
     assert all(r["divergence"] is None for r in checks)
 
+    # a rerun that found every prompt done reads the models from disk in fp32: the same records as the cast
+    from draftsmith.speculative.bench import _my_prompts, fp32_check
+
+    mine = _my_prompts(str(prompts), bench, part=0, parts=1)
+    again = fp32_check(str(attention_target), str(tmp_path / "drafter"), mine, dataset="d", part=0, parts=1,
+                       rows=main, gpus=0, target_cfg=target_cfg, bench=bench, taps=[1, 3])  # fmt: skip
+    assert again == checks
+
     df = write_report([str(out)], tmp_path / "report")
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert "fp32 check (target and drafter in fp32, DFlash): 2/2 prompts exact" in summary
@@ -51,3 +59,24 @@ def test_no_fp32_rerun_where_the_bench_ran_in_fp32(attention_target, tmp_path):
     rows = [{"dtype": "float32", "method": "dflash"}]
     assert fp32_check("unused", "unused", [{}], dataset="d", part=0, parts=1, rows=rows, gpus=0,
                       target_cfg={}, bench=bench, taps=[1]) == []  # fmt: skip
+
+
+def test_the_loaded_models_are_cast_to_fp32_where_they_are(attention_target, tmp_path):
+    from draftsmith.speculative.bench import _as_fp32, _load_models
+    from draftsmith.speculative.proposers import ShorterBlock
+
+    text = json.loads((attention_target / "config.json").read_text())
+    cfg = drafter_config(text, [1, 3], num_layers=1, num_target_layers=text["num_hidden_layers"],
+                         mask_token_id=text["vocab_size"] - 1, block_size=4)  # fmt: skip
+    save_zlab(Drafter(cfg), tmp_path / "drafter")
+    bench = with_defaults("bench", {"block_size": 3})
+    target_cfg = with_defaults("target", {"model": str(attention_target), "dtype": "bf16"})
+    models = _load_models(str(attention_target), str(tmp_path / "drafter"), devices=[],
+                          target_cfg=target_cfg, bench=bench)  # fmt: skip
+    assert next(models.target.parameters()).dtype == torch.bfloat16
+    cast = _as_fp32(models, bench)
+    assert {p.dtype for p in cast.target.parameters()} == {torch.float32}
+    assert isinstance(cast.drafter, ShorterBlock) and cast.drafter.block_size == 3
+    inner = cast.drafter.inner
+    assert {p.dtype for p in inner.model.parameters()} == {torch.float32}
+    assert inner.embed.dtype == inner.lm_head.dtype == torch.float32
