@@ -271,7 +271,7 @@ for phase in "$@"; do
             "extract: {shards: 2, validate_samples: 2}" \
             "drafter: {num_layers: 5, block_size: 16, sliding_window: 2048, layer_types: [sliding_attention, sliding_attention, sliding_attention, sliding_attention, full_attention]}" \
             "train: {epochs: 1, max_steps: ${WSTEPS:-30}, token_budget: 16384, anchors_per_seq: 512, heldout_fraction: 0.1, checkpoint_every: 0}" \
-            "bench: {datasets: [{name: heldout, path: $T.jsonl}], max_prompts: 4, parts: 1, max_new_tokens: 128, ddtree_budgets: [16, 64], fp32_check_prompts: 1, warmup: 1}" \
+            "bench: {datasets: [{name: heldout, path: $T.jsonl}], max_prompts: ${WPROMPTS:-4}, parts: 1, max_new_tokens: 128, ddtree_budgets: [16, 64], fp32_check_prompts: 1, warmup: 1}" \
             > /tmp/rw.yaml
         DRAFTSMITH_GPUS=${WGPUS:-0} python3 -m snakemake all --cores 16 --resources gpu=1 --configfile /tmp/rw.yaml \
             --keep-going > "$OUT/rw_snakemake.log" 2>&1
