@@ -248,9 +248,9 @@ for phase in "$@"; do
         echo "width: $(cat /tmp/ww/done 2>/dev/null && echo finished || echo running)"; tail -5 /tmp/ww/bg.log
         tar czf "$OUT/width.tgz" -C /tmp ww rw/logs rw/benchmarks rw/bench/summary.md rw/train/summary.json 2>/dev/null
         ;;
-    width_bg)  # every job's Python stacks into its log every 120 s (a training sat at its first step for minutes)
+    width_bg)  # STACKS_EVERY_S=N: every job's Python stacks into its log every N s (off: a bench died during one)
         export TOKENIZER=${TOKENIZER:-results/study-smollm2/target/model} DRAFTSMITH_GPU_POOL=/tmp/ww_pool OUT=/tmp/ww \
-            DRAFTSMITH_STACKS_EVERY_S=${STACKS_EVERY_S:-120}
+            DRAFTSMITH_STACKS_EVERY_S=${STACKS_EVERY_S:-}
         python3 -m draftsmith.perf.make_random_target --shape ${WSHAPE:-$SHAPE} --num-layers ${WLAYERS:-16} \
             --tokenizer $TOKENIZER --out /tmp/rw_target --data-out /tmp/rw_target.jsonl --samples ${WSAMPLES:-48} \
             --lengths loguniform:64:2048 > /tmp/ww/rw_make.log 2>&1 || { tail /tmp/ww/rw_make.log; exit 1; }

@@ -1,8 +1,10 @@
 """One module per rule, each run as `python -m draftsmith.steps.<rule>`.
 
-Importing the package arms what a job can ask for through its environment: with DRAFTSMITH_STACKS_EVERY_S=N,
-every thread's Python stack goes to the job's log every N seconds, to see what a job that seems to hang (no
-progress, an idle GPU) waits on, without a debugger.
+Importing the package makes a job that dies of a signal (a segfault in a native kernel, an abort) leave its
+Python stack in its log, where the job would otherwise end with no message. With DRAFTSMITH_STACKS_EVERY_S=N,
+every thread's Python stack also goes to the log every N seconds, to see what a job that seems to hang (no
+progress, an idle GPU) waits on, without a debugger. That dump reads other threads' frames while they run: a
+bench job died in the middle of one (docs/operations.md), so leave it off unless a job hangs.
 """
 
 import faulthandler
@@ -11,5 +13,7 @@ import sys
 
 STACKS_ENV = "DRAFTSMITH_STACKS_EVERY_S"
 
+if not faulthandler.is_enabled():  # pytest, importing a step, has it on already
+    faulthandler.enable(file=sys.stderr)
 if os.environ.get(STACKS_ENV):
     faulthandler.dump_traceback_later(float(os.environ[STACKS_ENV]), repeat=True, file=sys.stderr)
