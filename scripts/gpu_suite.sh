@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -278,6 +278,38 @@ for phase in "$@"; do
         echo "workflow_width exit $?"; grep -h -A12 "Error in rule" "$OUT/rw_snakemake.log" | head -40
         python3 -m draftsmith.perf.job_times "$OUT/rw_snakemake.log" | tee "$OUT/rw_jobs.md"
         cp $W/bench/summary.md "$OUT/rw_bench.md" 2>/dev/null; cp $W/train/summary.json "$OUT/rw_train.json" 2>/dev/null
+        ;;
+    bench_width)  # issue 21: the bench rule's command (real loop, then the fp32 check) and the report rule's on the
+        # 16-layer width target, with an untrained drafter of the width run's shape in place of the trained one;
+        # each command's wall time, its peak GPU memory from the pool's log line
+        T=${WTARGET:-/tmp/rw_target} B=/tmp/bw; mkdir -p $B/parts
+        [ -d $T ] || python3 -m draftsmith.perf.make_random_target --shape ${WSHAPE:-$SHAPE} --num-layers ${WLAYERS:-16} \
+            --tokenizer ${TOKENIZER:-.stage/tok} --out $T --data-out $T.jsonl --samples 8 \
+            --lengths loguniform:64:2048 > "$OUT/bw_make.log" 2>&1 || { tail "$OUT/bw_make.log"; exit 1; }
+        python3 - "$T" "$B/drafter" <<'PY' > "$OUT/bw_drafter.log" 2>&1 || { tail "$OUT/bw_drafter.log"; exit 1; }
+import sys, torch
+from draftsmith.config import default_taps, with_defaults
+from draftsmith.drafter.config import config_from_target
+from draftsmith.drafter.model import Drafter
+from draftsmith.drafter.zlab import save_zlab
+from draftsmith.target.files import text_config
+t = text_config(sys.argv[1])
+section = with_defaults("drafter", {"num_layers": 5, "block_size": 16, "sliding_window": 2048,
+                                    "layer_types": ["sliding_attention"] * 4 + ["full_attention"]})
+cfg = config_from_target(t, default_taps(t["num_hidden_layers"]), section, target_dir=sys.argv[1])
+torch.manual_seed(0)
+print(save_zlab(Drafter(cfg), sys.argv[2]))
+PY
+        BENCH='{"block_size": null, "ddtree_budgets": [16, 64], "fp32_check_prompts": 1, "max_new_tokens": 128, "max_prompts": 2, "methods": ["ar", "dflash", "ddtree"], "parts": 1, "real_loop": true, "temperature": 0.0, "thinking": false, "warmup": 1}'
+        TCFG='{"chat_template": null, "dtype": "bf16", "model": "'$T'", "revision": null, "trust_remote_code": false}'
+        S0=$SECONDS; python3 -m draftsmith.steps.bench --target $T \
+            --drafter $B/drafter --target-json "$TCFG" --prompts $T.jsonl --dataset heldout --part 0 --parts 1 \
+            --bench-json "$BENCH" --gpus 1 --threads 8 --out $B/parts/heldout.0.jsonl > "$OUT/bw_bench.log" 2>&1
+        echo "bench exit $? after $((SECONDS - S0)) s"; tail -3 "$OUT/bw_bench.log"; grep -h "peak\|Fatal\|Error" "$OUT/bw_bench.log" | tail -5
+        S0=$SECONDS; python3 -m draftsmith.steps.report --parts $B/parts/heldout.0.jsonl --out $B/report \
+            --label "bf16 storage" > "$OUT/bw_report.log" 2>&1
+        echo "report exit $? after $((SECONDS - S0)) s"; tail -3 "$OUT/bw_report.log"; cp $B/report/summary.md "$OUT/bw_summary.md" 2>/dev/null
+        grep -h '"check"' $B/parts/heldout.0.jsonl | tee "$OUT/bw_fp32.jsonl"
         ;;
     workflow27b_1gpu)  # the same shards again, both jobs on one GPU (one at a time): the one-GPU job rate
         DRAFTSMITH_GPUS=0 python3 -m snakemake dataset --cores 16 --resources gpu=1 --forcerun extract \
