@@ -6,6 +6,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -52,8 +55,29 @@ _KERNEL_NAMES = (
 )
 
 
+_REFERENCE_ON_GPU: ContextVar[bool] = ContextVar("reference_on_gpu", default=False)
+
+
+@contextmanager
+def exact_fp32() -> Iterator[None]:
+    """fp32 on the GPU without tf32 anywhere, for the block: Transformers' torch Gated DeltaNet functions
+    run instead of fla's (fla-core 0.6.0's chunked forward fixes some of its dot products at tf32 inside the
+    kernel, and Triton rounds the other fp32 dot operands to tf32 by default), and cuDNN's convolutions and
+    cuBLAS's matmuls may not round to tf32 either. For checks that fp32 results are equal; slower, so only
+    there."""
+    token = _REFERENCE_ON_GPU.set(True)
+    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        _REFERENCE_ON_GPU.reset(token)
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, mm
+
+
 def kernels_follow_device(model) -> None:
-    """CPU tensors go to Transformers' own torch functions, CUDA tensors to the kernels it bound.
+    """CPU tensors go to Transformers' own torch functions, CUDA tensors to the kernels it bound (inside
+    `exact_fp32`, to the torch functions too).
 
     Transformers binds fla's Triton kernels whenever fla is installed, whatever device the model is on, so a
     hybrid model on the CPU (the demo target's training, a CPU extraction, the tests on a GPU node) would fail
@@ -72,7 +96,7 @@ def kernels_follow_device(model) -> None:
         @functools.wraps(fast)  # __wrapped__ leads back to the torch function, as Transformers' binding does
         def call(*args, _fast=fast, _reference=reference, _accepted=accepted, **kwargs):
             first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.is_cuda:
+            if first is not None and first.is_cuda and not _REFERENCE_ON_GPU.get():
                 return _fast(*args, **kwargs)
             return _reference(*args, **{k: v for k, v in kwargs.items() if k in _accepted})
 

@@ -179,3 +179,43 @@ def test_cpu_tensors_never_reach_a_gpu_only_kernel(monkeypatch):
     kernels_follow_device(model)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, want)
+
+
+def test_exact_fp32_sets_the_tf32_switches_for_its_block_only():
+    from draftsmith.target.kernels import exact_fp32
+
+    torch.backends.cudnn.allow_tf32 = True  # cuDNN's default
+    with pytest.raises(RuntimeError, match="inside"), exact_fp32():
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        raise RuntimeError("inside")
+    assert torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="routing CUDA tensors needs a GPU")
+def test_exact_fp32_sends_cuda_tensors_to_the_torch_gated_deltanet(monkeypatch):
+    """fla's chunked forward rounds to tf32 inside its kernel, so the bench's fp32 check runs Transformers'
+    torch functions on the GPU; outside the check CUDA tensors still reach the bound kernel."""
+    import functools
+    import inspect
+
+    from draftsmith.target.kernels import exact_fp32
+
+    model = tiny_model("hybrid", 128, layers=4).cuda().float()
+    module = mixer_module(model)
+    reference = inspect.unwrap(module.torch_chunk_gated_delta_rule)
+    calls = []
+
+    @functools.wraps(reference)  # bound as Transformers binds a kernel package
+    def bound(*args, **kwargs):
+        calls.append(args[0].device.type)
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(module, "torch_chunk_gated_delta_rule", bound)
+    kernels_follow_device(model)
+    ids = torch.randint(0, 128, (2, 70), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.no_grad():
+        model(ids)
+        assert calls == ["cuda"] * 3  # the hybrid tiny model's three linear-attention layers
+        with exact_fp32():
+            model(ids)
+    assert calls == ["cuda"] * 3
