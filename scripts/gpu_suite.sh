@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -139,6 +139,12 @@ for phase in "$@"; do
         ;;
     profile)  # top CUDA kernels of the bare forward; torch vs fla short convolution
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.profile_extract --shape $SHAPE 2>&1 | grep -v Warning | tee "$OUT/profile.log"
+        ;;
+    gdn_launches)  # issue 21: the recurrence kernel's other cuts of the state (GB/s, and their difference from the
+        # engine's cut) beside the engine's, one layer of the 27B shape at 64, 128 and 256 slots; no model loaded
+        CUDA_VISIBLE_DEVICES=0 python3 -c "import torch; from draftsmith.engine.kernels import time_kernels
+for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n))" 2>&1 | grep -v Warning \
+            | tee "$OUT/gdn_launches.log"
         ;;
     regen)  # the engine on the 27B shape, 1k-token answers, as a CUDA graph (and eager at 128); kernel checks and times
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes ${REGEN_BATCHES:-128,256} \

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +42,28 @@ def available(device: torch.device) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class GdnLaunch:
+    """How `gdn_step_` cuts the state: `block_v` state columns a program, `warps` a program, and whether the
+    state is loaded and stored as streamed (not kept in L2)."""
+
+    block_v: int = 8
+    warps: int = 1
+    stream: bool = False
+
+
+GDN_LAUNCH = GdnLaunch()  # the engine's choice; time_kernels prints the others beside it
+GDN_LAUNCHES = (
+    GdnLaunch(8, 1, True),
+    GdnLaunch(16, 1),
+    GdnLaunch(16, 2),
+    GdnLaunch(32, 2),
+    GdnLaunch(32, 4),
+    GdnLaunch(32, 4, True),
+    GdnLaunch(64, 4),
+)
+
+
 def gdn_step_(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -50,17 +73,21 @@ def gdn_step_(
     state: torch.Tensor,
     l2norm: bool = True,
     scale: float | None = None,
+    *,
+    launch: GdnLaunch | None = None,
 ) -> torch.Tensor:
     """One token of the gated delta rule for every slot; `state` [B, HV, K, V] fp32 is updated in place.
 
     query/key [B, 1, H, K] (H divides HV), value [B, 1, HV, V], g (log decay) and beta [B, 1, HV]; returns the
-    output [B, 1, HV, V] in value's dtype.
+    output [B, 1, HV, V] in value's dtype. `launch`: how the state is cut among programs (`time_kernels`
+    compares the choices).
     """
+    launch = launch or GDN_LAUNCH
     b, _, h, kd = key.shape
     hv, vd = value.shape[2], value.shape[3]
     query, key, value = (x if x.stride(-1) == 1 else x.contiguous() for x in (query, key, value))
     out = value.new_empty((b, 1, hv, vd))
-    bk, bv = triton_next_pow2(kd), 8
+    bk, bv = triton_next_pow2(kd), launch.block_v
     gdn_step, _, _ = _kernels()
     gdn_step[(b * hv * -(-vd // bv),)](
         query,
@@ -86,7 +113,8 @@ def gdn_step_(
         BK=bk,
         BV=bv,
         L2NORM=l2norm,
-        num_warps=1,
+        STREAM=launch.stream,
+        num_warps=launch.warps,
     )
     return out
 
@@ -501,16 +529,28 @@ def time_kernels(
         "conv_original": lambda: getattr(module, _CONV)(x, conv_state, weight, None, "silu"),
         "conv_in_place": lambda: conv_step_(x, conv_state, weight, None, "silu"),
     }
-    out = {}
-    for name, fn in calls.items():
-        for _ in range(3):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        end.synchronize()
-        out[name] = start.elapsed_time(end) / repeats
+    out = {name: _ms_per_call(fn, repeats) for name, fn in calls.items()}
     out["state_gb_per_s_in_place"] = 2 * state.nbytes / out["recurrent_in_place"] / 1e6
+    before = state.clone()
+    want = gdn_step_(q, k, v, g, beta, state)
+    for launch in GDN_LAUNCHES:  # the other cuts of the state, timed in the same run as the engine's
+        name = f"recurrent_bv{launch.block_v}_w{launch.warps}{'_stream' if launch.stream else ''}"
+        mine = before.clone()
+        got = gdn_step_(q, k, v, g, beta, mine, launch=launch)
+        out[f"max_diff_{name}"] = max(float((got - want).abs().max()), float((mine - state).abs().max()))
+        ms = _ms_per_call(lambda cut=launch, s=mine: gdn_step_(q, k, v, g, beta, s, launch=cut), repeats)
+        out[f"state_gb_per_s_{name}"] = 2 * state.nbytes / ms / 1e6
     return out
+
+
+def _ms_per_call(fn, repeats: int) -> float:
+    """GPU milliseconds per call of `fn`, after three warm-up calls (compilation included there)."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats

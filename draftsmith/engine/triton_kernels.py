@@ -41,6 +41,7 @@ def _kernels():
         BK: tl.constexpr,
         BV: tl.constexpr,
         L2NORM: tl.constexpr,
+        STREAM: tl.constexpr,
     ):
         # one program: one (slot, value head) and BV columns of its [K, V] state; neighbouring programs take
         # neighbouring columns, so together they stream whole rows (other orders ran at a third of the
@@ -64,14 +65,19 @@ def _kernels():
         b_beta = tl.load(beta + i_b * sbeta_b + i_hv).to(tl.float32)
         p_s = state + i_bh * K * V + ok[:, None] * V + ov[None, :]
         m_s = mk[:, None] & mv[None, :]
-        b_s = (
-            tl.load(p_s, mask=m_s, other=0) * decay
-        )  # decay the memory, then write the delta-rule correction
+        if STREAM:  # each state is read and written once a step: keep it from evicting what is reused
+            b_s = tl.load(p_s, mask=m_s, other=0, eviction_policy="evict_first")
+        else:
+            b_s = tl.load(p_s, mask=m_s, other=0)
+        b_s = b_s * decay  # decay the memory, then write the delta-rule correction
         delta = b_beta * (b_v - tl.sum(b_s * b_k[:, None], 0))
         b_s = b_s + b_k[:, None] * delta[None, :]
         b_o = tl.sum(b_s * b_q[:, None], 0)
         tl.store(out + i_bh * V + ov, b_o.to(out.dtype.element_ty), mask=mv)
-        tl.store(p_s, b_s, mask=m_s)
+        if STREAM:
+            tl.store(p_s, b_s, mask=m_s, cache_modifier=".cs")
+        else:
+            tl.store(p_s, b_s, mask=m_s)
 
     @triton.jit
     def conv_step(

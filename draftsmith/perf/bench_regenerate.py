@@ -192,7 +192,7 @@ def _first_figures(model, a: argparse.Namespace, device: torch.device) -> list[d
     """What --kernel-times, --profile-batch and --admit-sizes ask to print before the benchmark; the admit
     rows."""
     if a.kernel_times and device.type == "cuda":
-        for slots in (64, 128):
+        for slots in (64, 128, 256):
             times = time_kernels(device, slots)
             print(f"decode kernels, one layer at {slots} slots, ms per call:", times)
     if a.profile_batch:

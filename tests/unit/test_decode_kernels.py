@@ -141,6 +141,27 @@ def test_kernels_match_what_they_replace():
 
 
 @pytest.mark.skipif(not available(torch.device("cuda")), reason="the Triton kernels need a GPU")
+def test_every_cut_of_the_recurrent_state_computes_the_same_step():
+    """The launches time_kernels compares must be candidates for the engine: same output, same new state."""
+    from draftsmith.engine.kernels import GDN_LAUNCHES, gdn_step_
+
+    g = torch.Generator("cuda").manual_seed(0)
+    q, k = (torch.randn(5, 1, 2, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(5, 1, 6, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    decay = -torch.rand(5, 1, 6, device="cuda", generator=g)
+    beta = torch.rand(5, 1, 6, device="cuda", generator=g)
+    start = torch.randn(5, 6, 128, 128, device="cuda", generator=g)
+    state = start.clone()
+    want = gdn_step_(q, k, v, decay, beta, state)
+    assert not torch.equal(state, start)
+    for launch in GDN_LAUNCHES:
+        mine = start.clone()
+        got = gdn_step_(q, k, v, decay, beta, mine, launch=launch)
+        torch.testing.assert_close(got, want, msg=str(launch))
+        torch.testing.assert_close(mine, state, msg=str(launch))
+
+
+@pytest.mark.skipif(not available(torch.device("cuda")), reason="the Triton kernels need a GPU")
 @pytest.mark.parametrize("kind", ["sliding", "hybrid", "hybrid-packed"])
 def test_engine_on_the_gpu_equals_generate(kind):
     """The GPU path end to end (Triton attention, windowed on sliding layers, Gated DeltaNet kernels, CUDA
