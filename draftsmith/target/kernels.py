@@ -75,6 +75,17 @@ def exact_fp32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, mm
 
 
+def _torch_function(bound):
+    """Transformers' torch function behind a kernel binding: what `functools.wraps` recorded (up to 5.24), or,
+    where the binding is a `kernels` module (5.25 binds that way), what the module's forward calls."""
+    found = inspect.unwrap(bound)
+    if isinstance(found, torch.nn.Module):
+        for cell in getattr(type(found).forward, "__closure__", None) or ():
+            if hasattr(cell.cell_contents, "__wrapped__"):
+                return inspect.unwrap(cell.cell_contents)
+    return found
+
+
 def kernels_follow_device(model) -> None:
     """CPU tensors go to Transformers' own torch functions, CUDA tensors to the kernels it bound (inside
     `exact_fp32`, to the torch functions too).
@@ -88,7 +99,7 @@ def kernels_follow_device(model) -> None:
         fast = getattr(module, name, None)
         if fast is None or getattr(fast, "follows_device", False):
             continue
-        reference = inspect.unwrap(fast)
+        reference = _torch_function(fast)
         if reference is fast:
             continue
         accepted = set(inspect.signature(reference).parameters)
