@@ -28,6 +28,14 @@ unpack_study_inputs() {  # the study's GGUF from its two staged parts (checked a
     mv $G.tmp $G
 }
 
+width_target() {  # $1: a random-weight target of WSHAPE's width with WLAYERS layers (kept if there), and $1.jsonl
+    # with $2 records of realistic lengths; the log to $3. TOKENIZER: any local tokenizer
+    [ -d $1 ] && return 0
+    python3 -m draftsmith.perf.make_random_target --shape ${WSHAPE:-$SHAPE} --num-layers ${WLAYERS:-16} \
+        --tokenizer ${TOKENIZER:-.stage/tok} --out $1 --data-out $1.jsonl --samples $2 \
+        --lengths loguniform:64:2048 > "$3" 2>&1 || { tail "$3"; return 1; }
+}
+
 watch_end() {  # SECONDS at which a watch phase stops: $1 seconds from now, or 20 s before CALL_END when sooner
     local end=$((SECONDS + $1))
     if [ -n "${CALL_END:-}" ]; then
@@ -269,9 +277,7 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         # the real-loop bench, report) on a random-weight target of WSHAPE's width with WLAYERS layers, one GPU; then each
         # job's time (benchmark files) and peak GPU memory (the pool's line in each log). TOKENIZER: any local tokenizer
         T=/tmp/rw_target W=${WRESULTS:-/tmp/rw}
-        [ -d $T ] || python3 -m draftsmith.perf.make_random_target --shape ${WSHAPE:-$SHAPE} --num-layers ${WLAYERS:-16} \
-            --tokenizer ${TOKENIZER:-.stage/tok} --out $T --data-out $T.jsonl --samples ${WSAMPLES:-48} \
-            --lengths loguniform:64:2048 > "$OUT/rw_make.log" 2>&1 || { tail "$OUT/rw_make.log"; exit 1; }
+        width_target $T ${WSAMPLES:-48} "$OUT/rw_make.log" || exit 1
         printf '%s\n' "results: $W" "target: {model: $T, dtype: bf16}" \
             "data: {path: $T.jsonl, max_length: 4096, regenerate: {enabled: true, max_new_tokens: 128, batch_size: 64}}" \
             "extract: {shards: 2, validate_samples: 2}" \
@@ -289,9 +295,7 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         # 16-layer width target, with an untrained drafter of the width run's shape in place of the trained one;
         # each command's wall time, its peak GPU memory from the pool's log line
         T=${WTARGET:-/tmp/rw_target} B=/tmp/bw; mkdir -p $B/parts
-        [ -d $T ] || python3 -m draftsmith.perf.make_random_target --shape ${WSHAPE:-$SHAPE} --num-layers ${WLAYERS:-16} \
-            --tokenizer ${TOKENIZER:-.stage/tok} --out $T --data-out $T.jsonl --samples 8 \
-            --lengths loguniform:64:2048 > "$OUT/bw_make.log" 2>&1 || { tail "$OUT/bw_make.log"; exit 1; }
+        width_target $T 8 "$OUT/bw_make.log" || exit 1
         python3 - "$T" "$B/drafter" <<'PY' > "$OUT/bw_drafter.log" 2>&1 || { tail "$OUT/bw_drafter.log"; exit 1; }
 import sys, torch
 from draftsmith.config import default_taps, with_defaults

@@ -60,11 +60,11 @@ _REFERENCE_ON_GPU: ContextVar[bool] = ContextVar("reference_on_gpu", default=Fal
 
 @contextmanager
 def exact_fp32() -> Iterator[None]:
-    """fp32 on the GPU without tf32 anywhere, for the block: Transformers' torch Gated DeltaNet functions
-    run instead of fla's (fla-core 0.6.0's chunked forward fixes some of its dot products at tf32 inside the
+    """fp32 on the GPU without tf32 anywhere, for the block: Transformers' torch gated delta rule runs
+    instead of fla's (fla-core 0.6.0's chunked forward fixes some of its dot products at tf32 inside the
     kernel, and Triton rounds the other fp32 dot operands to tf32 by default), and cuDNN's convolutions and
-    cuBLAS's matmuls may not round to tf32 either. For checks that fp32 results are equal; slower, so only
-    there."""
+    cuBLAS's matmuls may not round to tf32 either. fla's short convolution stays: it has no dot products.
+    For checks that fp32 results are equal; slower, so only there."""
     token = _REFERENCE_ON_GPU.set(True)
     conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False

@@ -3,6 +3,7 @@ the real DFlash loop must equal greedy decoding token for token; the report coun
 differences."""
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -14,12 +15,17 @@ from draftsmith.report import write_report
 from draftsmith.speculative.bench import run_bench
 
 
-def test_bf16_bench_reruns_prompts_in_fp32_and_reports_them(attention_target, tmp_path):
-    text = json.loads((attention_target / "config.json").read_text())
+def save_drafter(target: Path, out: Path) -> None:
+    """An untrained 1-layer drafter (block 4, taps 1 and 3) of the target's shape, in z-lab's format."""
+    text = json.loads((target / "config.json").read_text())
     torch.manual_seed(0)
     cfg = drafter_config(text, [1, 3], num_layers=1, num_target_layers=text["num_hidden_layers"],
                          mask_token_id=text["vocab_size"] - 1, block_size=4)  # fmt: skip
-    save_zlab(Drafter(cfg), tmp_path / "drafter")
+    save_zlab(Drafter(cfg), out)
+
+
+def test_bf16_bench_reruns_prompts_in_fp32_and_reports_them(attention_target, tmp_path):
+    save_drafter(attention_target, tmp_path / "drafter")
     prompts = tmp_path / "prompts.jsonl"
     lines = [
         json.dumps({"id": f"p{i}", "prompt": t}) for i, t in enumerate(["def main():", "import os", "x = 1"])
@@ -65,10 +71,7 @@ def test_the_loaded_models_are_cast_to_fp32_where_they_are(attention_target, tmp
     from draftsmith.speculative.bench import _as_fp32, _load_models
     from draftsmith.speculative.proposers import ShorterBlock
 
-    text = json.loads((attention_target / "config.json").read_text())
-    cfg = drafter_config(text, [1, 3], num_layers=1, num_target_layers=text["num_hidden_layers"],
-                         mask_token_id=text["vocab_size"] - 1, block_size=4)  # fmt: skip
-    save_zlab(Drafter(cfg), tmp_path / "drafter")
+    save_drafter(attention_target, tmp_path / "drafter")
     bench = with_defaults("bench", {"block_size": 3})
     target_cfg = with_defaults("target", {"model": str(attention_target), "dtype": "bf16"})
     models = _load_models(str(attention_target), str(tmp_path / "drafter"), devices=[],
