@@ -47,20 +47,21 @@ class GdnLaunch:
     """How `gdn_step_` cuts the state: `block_v` state columns a program, `warps` a program, and whether the
     state is loaded and stored as streamed (not kept in L2)."""
 
-    block_v: int = 8
-    warps: int = 1
+    block_v: int = 64
+    warps: int = 4
     stream: bool = False
 
 
-GDN_LAUNCH = GdnLaunch()  # the engine's choice; time_kernels prints the others beside it
+# the engine's choice, the fastest cut measured (docs/measurements.md); time_kernels times the others
+GDN_LAUNCH = GdnLaunch()
 GDN_LAUNCHES = (
-    GdnLaunch(8, 1, True),
+    GdnLaunch(8, 1),
     GdnLaunch(16, 1),
-    GdnLaunch(16, 2),
-    GdnLaunch(32, 2),
     GdnLaunch(32, 4),
-    GdnLaunch(32, 4, True),
-    GdnLaunch(64, 4),
+    GdnLaunch(64, 4, True),
+    GdnLaunch(64, 8),
+    GdnLaunch(128, 4),
+    GdnLaunch(128, 8),
 )
 
 
