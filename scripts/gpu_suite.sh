@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -182,7 +182,7 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         BEST_NEW=${BEST_NEW:-512} BEST_ARGS="--spread --generate-waves 2" BEST_NAME=regen_best_spread "$0" regen_best
         ;;
     gputests)  # the tests that only run on a GPU (Triton kernels, the engine's GPU path) and the engine's others
-        python3 -m pytest -q -rs ${GPUTESTS:-tests/unit/test_decode_kernels.py tests/unit/test_regenerate.py tests/unit/test_gpu_pool.py} 2>&1 | tee "$OUT/gputests.log"
+        python3 -m pytest -q -rs ${GPUTESTS:-tests/unit/test_decode_kernels.py tests/unit/test_norms.py tests/unit/test_regenerate.py tests/unit/test_gpu_pool.py} 2>&1 | tee "$OUT/gputests.log"
         ;;
     prefill)  # issue 21: prefill_admit, then prefill_e2e
         "$0" prefill_admit prefill_e2e
@@ -209,6 +209,19 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes "" \
             --generate-batches "" --check-prompts 0 --profile-batch ${PROFILE_BATCH:-256} --new-tokens 256 2>&1 \
             | grep --line-buffered -v Warning | tee "$OUT/regen_profile.log"
+        ;;
+    norms)  # issue 21: each RMSNorm as one kernel (target.norms) against Transformers' chains of small kernels, each
+        # pair in one run: a decode step's GPU time by kind at 256 slots, 256 slots end to end as a CUDA graph (warm
+        # reruns too), and the bare extraction forward with its profile
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes "" \
+            --generate-batches "" --check-prompts 0 --profile-batch 256 --plain-norm-batches 256 --new-tokens 256 2>&1 \
+            | grep --line-buffered -v Warning | grep -A12 "GPU time a step\|^profile" | tee "$OUT/norms_profile.log"
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes 256 \
+            --new-tokens ${E2E_NEW:-256} --waves 1 --cuda-graph --eager-batches "" --plain-norm-batches 256 \
+            --generate-batches "" --check-prompts 0 --again --json-out "$OUT/norms_e2e.json" 2>&1 \
+            | grep --line-buffered -v Warning | tee "$OUT/norms_e2e.log"
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.profile_extract --shape $SHAPE --compare-norms \
+            --tokens ${TOKENS:-60000} 2>&1 | grep -v Warning | tee "$OUT/norms_extract.log"
         ;;
     regen_refill)  # refill prefills: admission time per group size (cold, warm), then spread answers with refill
         # groups of any size against powers of two; each process gets an empty Triton cache, as a new job would

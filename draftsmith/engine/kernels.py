@@ -33,7 +33,7 @@ _RECURRENT, _CONV = "torch_recurrent_gated_delta_rule", "causal_conv1d_update"
 
 
 def available(device: torch.device) -> bool:
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():  # Triton may be installed without a GPU
         return False
     try:
         import triton  # noqa: F401

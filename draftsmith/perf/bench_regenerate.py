@@ -83,13 +83,21 @@ def profile_steps(
     rows: int = 15,
     new_tokens: int = 64,
     fused: bool = True,
+    norms: bool = True,
 ) -> str:
     """The top kernels of `steps` eager decode steps with every slot live, then a step's GPU time by kind of
     work: where a step's time goes, and what a CUDA graph of the step (no launch gaps) would cost at least
     (each slot's cache holds room for `new_tokens` answers)."""
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(slots)]
-    engine = Engine(model, slots=slots, max_len=prompt_len + new_tokens + 1, eos_ids=[], fused_kernels=fused)
+    engine = Engine(
+        model,
+        slots=slots,
+        max_len=prompt_len + new_tokens + 1,
+        eos_ids=[],
+        fused_kernels=fused,
+        norm_kernels=norms,
+    )
     engine.run(prompts[:1], 4, progress=False)  # warm-up
     group = max(1, PREFILL_TOKENS // prompt_len)  # as the engine admits: a whole batch at once would not fit
     for first in range(0, slots, group):
@@ -133,6 +141,11 @@ def _parser() -> argparse.ArgumentParser:
         "--unfused-batches", default="", help="also time these batches without the Triton decode kernels"
     )
     p.add_argument(
+        "--plain-norm-batches",
+        default="",
+        help="also time these batches with Transformers' RMSNorms (one fused kernel each otherwise)",
+    )
+    p.add_argument(
         "--eager-batches", default=None, help="with --cuda-graph, the batches also timed eagerly (all)"
     )
     p.add_argument("--check-prompts", type=int, default=4)
@@ -145,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="first print the top kernels of decode steps at this batch, and a step's GPU time by kind "
-        "(without the in-place kernels too where --unfused-batches names this batch)",
+        "(with Transformers' norms, or without any in-place kernels, too where --plain-norm-batches or "
+        "--unfused-batches name this batch)",
     )
     p.add_argument("--kernel-times", action="store_true", help="first time the in-place decode kernels alone")
     p.add_argument(
@@ -196,9 +210,12 @@ def _first_figures(model, a: argparse.Namespace, device: torch.device) -> list[d
             times = time_kernels(device, slots)
             print(f"decode kernels, one layer at {slots} slots, ms per call:", times)
     if a.profile_batch:
-        unfused_too = device.type == "cuda" and a.profile_batch in _ints(a.unfused_batches)
-        for fused in (True, False) if unfused_too else (True,):
-            print(f"profile at batch {a.profile_batch}, in-place kernels {fused}:")
+        on_gpu = device.type == "cuda"
+        variants = [(True, True)]  # (Triton decode kernels, norm kernels)
+        variants += [(True, False)] if on_gpu and a.profile_batch in _ints(a.plain_norm_batches) else []
+        variants += [(False, False)] if on_gpu and a.profile_batch in _ints(a.unfused_batches) else []
+        for fused, norms in variants:
+            print(f"profile at batch {a.profile_batch}, in-place kernels {fused}, norm kernels {norms}:")
             print(
                 profile_steps(
                     model,
@@ -207,6 +224,7 @@ def _first_figures(model, a: argparse.Namespace, device: torch.device) -> list[d
                     a.prompt_len,
                     new_tokens=a.new_tokens,
                     fused=fused,
+                    norms=norms,
                 )
             )
     admit = []
@@ -254,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         generate_waves=a.generate_waves,
         spread=a.spread,
         unfused_batches=_ints(a.unfused_batches),
+        plain_norm_batches=_ints(a.plain_norm_batches),
         eager_batches=None if a.eager_batches is None else _ints(a.eager_batches),
         pow2_groups=not a.any_group_size,
         min_refill=a.min_refill,

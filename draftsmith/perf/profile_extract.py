@@ -2,7 +2,8 @@
 
 Builds a random-weight target of a preset shape on the GPU, times the bare body forward on a log-uniform
 length mix with Transformers' torch convolution fallback and then with fla's Triton causal conv (same batches,
-one run), and prints the top CUDA kernels of a profiled pass and its GPU time by kind of work (matmul,
+one run; with --compare-norms also with each RMSNorm as one kernel, target.norms), and prints the top CUDA
+kernels of a profiled pass and its GPU time by kind of work (matmul,
 attention, the Gated DeltaNet chunk kernels, convolution, element-wise) against the pass's wall time, the
 rest being launch gaps and host work. A GPU tool: it reads what the benchmark alone does not say."""
 
@@ -28,6 +29,7 @@ from draftsmith.perf.extraction import (
 )
 from draftsmith.perf.shapes import build_model, load_shape
 from draftsmith.target.kernels import use_fla_conv
+from draftsmith.target.norms import fused_norms, norm_modules
 from draftsmith.target.taps import forward_taps
 
 # kernel names (CUDA, Triton) by the kind of work they do; the first pattern that matches wins
@@ -75,6 +77,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget", type=int, default=65536)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--compare-conv", action="store_true", help="time the torch convolution fallback too")
+    p.add_argument(
+        "--compare-norms",
+        action="store_true",
+        help="time the forward with each RMSNorm as one kernel too, and profile that forward",
+    )
     a = p.parse_args(argv)
     device = torch.device("cuda")
     fields, taps = load_shape(a.shape)
@@ -101,7 +108,11 @@ def main(argv: list[str] | None = None) -> None:
         timed("fla causal_conv1d")
     elif not a.compare_conv:
         timed("torch conv fallback")
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    norms = norm_modules(model) if a.compare_norms else []
+    if norms:
+        with fused_norms(norms):
+            timed(f"the same, {len(norms)} RMSNorms as one kernel each")
+    with torch.inference_mode(), fused_norms(norms), profile(activities=[ProfilerActivity.CUDA]) as prof:
         torch.cuda.synchronize()
         start = time.perf_counter()
         for ids, _ in staged:

@@ -73,6 +73,7 @@ def _timed_engine(
     pow2_groups: bool = True,
     min_refill: int = 1,
     packed: bool = False,
+    norms: bool = True,
 ) -> tuple[Engine, list[list[int]], RegenStats]:
     """One engine run after a one-prompt warm-up (kernels, autotuning, allocator, graph capture)."""
     device = next(model.parameters()).device
@@ -87,6 +88,7 @@ def _timed_engine(
         pow2_groups=pow2_groups,
         min_refill=min_refill,
         packed=packed,
+        norm_kernels=norms,
     )
     engine.run(prompts[:1], 8, progress=False)  # every step runs all slots, so this warms the full batch
     sync_device(device)
@@ -280,6 +282,7 @@ def _engine_figures(engine: Engine, stats: RegenStats, answers: list[list[int]],
         "batch": batch,
         "cuda_graph": engine.cuda_graph,
         "fused_kernels": engine.fused,
+        "norm_kernels": engine.norm_kernels,
         "new_tokens_per_s": stats.new_tokens_per_s,
         "decode_tokens_per_s": stats.decode_tokens_per_s,
         "seconds": stats.seconds,
@@ -321,6 +324,7 @@ def _engine_row(
     max_len: int,
     graph: bool,
     fused: bool,
+    norms: bool = True,
     pow2_groups: bool,
     min_refill: int,
     packed: bool = False,
@@ -339,6 +343,7 @@ def _engine_row(
             max_len=max_len,
             graph=graph,
             fused=fused,
+            norms=norms,
             pow2_groups=pow2_groups,
             min_refill=min_refill,
             packed=packed,
@@ -353,7 +358,8 @@ def _engine_row(
         row["answers_equal_first"] = sum(a == e for a, e in zip(answers, first_answers)) / len(answers)
     graph, fused = engine.cuda_graph, engine.fused  # off where there is no GPU
     log(
-        f"engine  batch {batch:4d} graph {graph!s:5} fused {fused!s:5}: {row['new_tokens_per_s']:7.0f} new "
+        f"engine  batch {batch:4d} graph {graph!s:5} fused {fused!s:5} norms {engine.norm_kernels!s:5}: "
+        f"{row['new_tokens_per_s']:7.0f} new "
         f"tok/s end to end, {row['decode_tokens_per_s']:7.0f} decoding ({stats.steps} steps of "
         f"{row['step_ms']:.1f} ms, prefill {stats.prefill_seconds:.1f}s of {stats.seconds:.1f}s, cache "
         f"{row['cache_gb']:.1f} GB, peak {row['peak_gb'] or 0:.1f} GB, first answer starts "
@@ -380,6 +386,7 @@ def engine_rows(
     graphs: tuple[bool, ...],
     eager_batches: tuple[int, ...] | None,
     unfused_batches: tuple[int, ...],
+    plain_norm_batches: tuple[int, ...] = (),
     spread_engine: bool,
     seed: int,
     pow2_groups: bool,
@@ -394,9 +401,11 @@ def engine_rows(
     rows, graph_ok = [], True
     for b in batch_sizes:
         first_answers = None
-        variants = [(graph, True) for graph in graphs if graph or eager_batches is None or b in eager_batches]
-        variants += [(graph, False) for graph in graphs if b in unfused_batches]
-        for graph, fused in variants:
+        timed = [graph for graph in graphs if graph or eager_batches is None or b in eager_batches]
+        variants = [(graph, True, True) for graph in timed]  # (graph, Triton decode kernels, norm kernels)
+        variants += [(graph, True, False) for graph in timed if b in plain_norm_batches]
+        variants += [(graph, False, False) for graph in graphs if b in unfused_batches]
+        for graph, fused, norms in variants:
             if graph and not graph_ok:
                 continue
             row, answers = _engine_row(
@@ -407,6 +416,7 @@ def engine_rows(
                 max_len=max_len,
                 graph=graph,
                 fused=fused,
+                norms=norms,
                 pow2_groups=pow2_groups,
                 min_refill=min_refill,
                 packed=packed,
@@ -476,6 +486,7 @@ def bench(
     generate_waves: int = 1,
     spread: bool = False,
     unfused_batches: tuple[int, ...] = (),
+    plain_norm_batches: tuple[int, ...] = (),
     eager_batches: tuple[int, ...] | None = None,
     seed: int = 0,
     pow2_groups: bool = True,
@@ -488,7 +499,8 @@ def bench(
     """New tokens/s of the engine at each slot count (prompts = slots x waves, answers of fixed length: EOS
     off), end to end (prefill included) and for the decode loop alone, eager (only at `eager_batches` if
     given) and as a CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode
-    kernels (their A/B); then `generate` and the engine on the very same prompts and answer lengths at the
+    kernels, and at `plain_norm_batches` with Transformers' RMSNorms instead of one kernel each (their A/B);
+    then `generate` and the engine on the very same prompts and answer lengths at the
     `generate_batches` sizes (see same_prompts). `spread_engine` gives the engine rows answer lengths from 1/8
     to all of `new_tokens`, and `again` reruns each of them on the warm engine. Plus a greedy agreement check
     of the first `check_tokens` tokens against `generate` at batch 1."""
@@ -513,6 +525,7 @@ def bench(
         graphs=graphs,
         eager_batches=eager_batches,
         unfused_batches=unfused_batches,
+        plain_norm_batches=plain_norm_batches,
         spread_engine=spread_engine,
         seed=seed,
         pow2_groups=pow2_groups,

@@ -165,8 +165,8 @@ def test_every_cut_of_the_recurrent_state_computes_the_same_step():
 @pytest.mark.skipif(not available(torch.device("cuda")), reason="the Triton kernels need a GPU")
 @pytest.mark.parametrize("kind", ["sliding", "hybrid", "hybrid-packed"])
 def test_engine_on_the_gpu_equals_generate(kind):
-    """The GPU path end to end (Triton attention, windowed on sliding layers, Gated DeltaNet kernels, CUDA
-    graph) against `generate` in fp32, where no tf32 rounding is allowed to tell them apart."""
+    """The GPU path end to end (Triton attention, windowed on sliding layers, Gated DeltaNet and RMSNorm
+    kernels, CUDA graph) against `generate` in fp32, where no tf32 rounding is allowed to tell them apart."""
     if kind == "sliding":
         model = tiny_model(
             "attention",
@@ -196,7 +196,7 @@ def test_engine_on_the_gpu_equals_generate(kind):
     # 3 slots admit one prompt at a time (groups of a quarter of the slots); 8 admit groups of 2, 2, 2, 1
     slots = 8 if packed else 3
     engine = Engine(model, slots=slots, max_len=80, eos_ids=[], sync_every=4, cuda_graph=True, packed=packed)
-    assert engine.fused and engine.cuda_graph
+    assert engine.fused and engine.cuda_graph and engine.norm_kernels  # every RMSNorm a kernel too
     got, _ = engine.run(prompts, 20, progress=False)
     assert got == refs
     assert (

@@ -1,0 +1,174 @@
+"""The target's RMSNorms as one Triton kernel each, where Transformers runs about ten element-wise kernels.
+
+Transformers writes an RMSNorm as a chain of torch operations (a cast to fp32, a square, a mean, an add, a
+reciprocal square root, two multiplies, casts back): each its own kernel with an fp32 intermediate the size of
+the input. In a decode step of a 64-layer hybrid target at 256 slots that chain is most of the ~2,300 small
+kernels of a step; in a prefill of 64k tokens each link moves about a gigabyte. `fused_norms(norms)` swaps
+one kernel in for each norm module's forward while it is active: it reads the row once, keeps every
+intermediate in registers and rounds where Transformers rounds, so only the order of the squares' sum
+differs (fp32 rounding).
+
+Three forms, by class (anything else keeps its own forward):
+- zero-centred (Qwen3.5/3.6, Qwen3-Next, Gemma): `(x * rsqrt(mean(x^2) + eps) * (1 + w)).to(x.dtype)`,
+  all in fp32;
+- weighted (Llama, Qwen2/3, Mistral): `w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`;
+- gated (the Gated DeltaNet output norm of Qwen3.5/3.6 and Qwen3-Next): the weighted form in x's dtype,
+  times `silu(gate)` in fp32, rounded to x's dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+ZERO_CENTRED, WEIGHTED, GATED = 0, 1, 2
+_FORMS = {
+    **dict.fromkeys(
+        (
+            "Qwen3_5RMSNorm",
+            "Qwen3_5MoeRMSNorm",
+            "Qwen3NextRMSNorm",
+            "GemmaRMSNorm",
+            "Gemma2RMSNorm",
+            "Gemma3RMSNorm",
+        ),
+        ZERO_CENTRED,
+    ),
+    **dict.fromkeys(
+        ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "MistralRMSNorm"),
+        WEIGHTED,
+    ),
+    **dict.fromkeys(("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"), GATED),
+}
+_MAX_TILE = 8192  # elements a program holds: wider rows keep Transformers' forward
+_ROWS_TILE = 4096  # elements a program takes when rows are short (several rows a program)
+
+
+def norm_form(module: nn.Module) -> int | None:
+    """The form of an RMSNorm module this file can run, or None."""
+    form = _FORMS.get(type(module).__name__)
+    if form is None or not isinstance(getattr(module, "weight", None), torch.Tensor):
+        return None
+    return form if _eps(module) is not None else None
+
+
+def _eps(module: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps"):
+        value = getattr(module, name, None)
+        if isinstance(value, float):
+            return value
+    return None
+
+
+def norm_modules(model: nn.Module) -> list[nn.Module]:
+    """Every norm of `model` that `fused_norms` can swap."""
+    return [m for m in model.modules() if norm_form(m) is not None]
+
+
+@contextlib.contextmanager
+def fused_norms(norms: list[nn.Module] | None) -> Iterator[int]:
+    """While active, each module of `norms` runs the fused kernel on CUDA tensors (and on CPU tensors where
+    Triton runs interpreted, TRITON_INTERPRET=1 as Triton was imported: the tests); yields how many were
+    swapped."""
+    swapped = []
+    try:
+        for module in norms or ():
+            if "forward" not in vars(module):
+                module.forward = _fused_forward(module, module.forward)
+                swapped.append(module)
+        yield len(swapped)
+    finally:
+        for module in swapped:
+            del module.forward
+
+
+def _fused_forward(module: nn.Module, original):
+    form, eps, weight = norm_form(module), _eps(module), module.weight
+    assert form is not None and eps is not None and isinstance(weight, torch.Tensor)  # norm_modules chose it
+
+    def forward(hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        args = (hidden_states,) if gate is None else (hidden_states, gate)
+        interpreted = hidden_states.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+        fits = hidden_states.shape[-1] <= _MAX_TILE and (form == GATED) == (gate is not None)
+        if form == GATED:  # the weighted part is rounded to x's dtype only where the weight has it too
+            fits = fits and weight.dtype == hidden_states.dtype
+        if not ((hidden_states.is_cuda or interpreted) and fits):
+            return original(*args)
+        return rms_norm(hidden_states, weight, eps, form=form, gate=gate)
+
+    return forward
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    form: int,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One RMSNorm of `form` over x's last dimension, in one kernel; returns a new contiguous tensor of x's
+    shape in the dtype Transformers' forward returns."""
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)  # a view unless x's rows are not evenly strided (then one copy)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    gate_rows = rows if gate is None else gate.reshape(-1, n)
+    if gate is not None and gate_rows.stride(-1) != 1:
+        gate_rows = gate_rows.contiguous()
+    dtype = torch.promote_types(weight.dtype, x.dtype) if form == WEIGHTED else x.dtype
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    block = 1 << (n - 1).bit_length()
+    per_program = max(1, _ROWS_TILE // block)
+    _kernel()[(-(-rows.shape[0] // per_program),)](
+        rows,
+        gate_rows,
+        weight,
+        out,
+        rows.shape[0],
+        n,
+        rows.stride(0),
+        gate_rows.stride(0),
+        eps,
+        FORM=form,
+        ROWS=per_program,
+        BLOCK=block,
+        num_warps=4 if block * per_program <= 4096 else 8,
+    )
+    return out
+
+
+@functools.cache
+def _kernel():
+    """Compiled lazily: Triton is only there on GPU machines (and where the tests install it)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rms_norm_kernel(
+        x, gate, w, out, n_rows, n, sx, sg, eps, FORM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr
+    ):
+        # one program: ROWS rows of n <= BLOCK columns
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
+        c = tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
+        keep = (r < n_rows) & (c < n)
+        xf = tl.load(x + r * sx + c, mask=keep, other=0.0).to(tl.float32)  # [ROWS, BLOCK]
+        inv = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / n + eps)  # [ROWS]
+        normed = xf * inv[:, None]
+        wf = tl.load(w + c, mask=c < n, other=0.0).to(tl.float32)  # [1, BLOCK]
+        if FORM == 0:  # zero-centred: fp32 throughout, one rounding at the end
+            y = normed * (1.0 + wf)
+        elif FORM == 1:  # weighted: rounded to x's dtype, then times the weight
+            y = wf * normed.to(x.dtype.element_ty).to(tl.float32)
+        else:  # gated: the weighted form rounded to x's dtype, then times silu(gate) in fp32
+            p = (wf * normed.to(x.dtype.element_ty).to(tl.float32)).to(x.dtype.element_ty).to(tl.float32)
+            g = tl.load(gate + r * sg + c, mask=keep, other=0.0).to(tl.float32)
+            y = p * (g / (1.0 + tl.exp(-g)))
+        tl.store(out + r * n + c, y.to(out.dtype.element_ty), mask=keep)
+
+    return rms_norm_kernel

@@ -1,0 +1,89 @@
+"""Run by test_norms.py in a process of its own with TRITON_INTERPRET=1 (Triton picks its interpreter as it
+is imported): the fused RMSNorm kernel on CPU tensors through Triton's interpreter against Transformers' own
+forwards. Prints one JSON object of figures for the test to judge."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from draftsmith.target import norms
+from draftsmith.target.norms import fused_norms, norm_modules
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest's tiny targets
+from conftest import tiny_model  # noqa: E402
+
+VOCAB = 97
+
+
+def _randomize_norms(model) -> None:
+    g = torch.Generator().manual_seed(3)
+    for m in norm_modules(model):
+        m.weight.data += 0.3 * torch.randn(m.weight.shape, generator=g).to(m.weight.dtype)
+
+
+def _steps(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest difference in units of b's dtype's spacing at b's magnitude (1: one rounding step)."""
+    spacing = torch.finfo(b.dtype).eps * b.float().abs().clamp_min(torch.finfo(b.dtype).tiny)
+    return float(((a.float() - b.float()).abs() / spacing).max())
+
+
+def _relative(got, want) -> float:
+    return max(float((a - b).float().norm() / b.float().norm()) for a, b in zip(got, want))
+
+
+def _whole_model(model, ids: torch.Tensor) -> dict:
+    """Every hidden state with and without the kernels, and the forms of the kernel's calls."""
+    calls: list[int] = []
+    real = norms.rms_norm
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["form"])
+        return real(*args, **kwargs)
+
+    with torch.no_grad():
+        want = model(ids, output_hidden_states=True).hidden_states
+        norms.rms_norm = counted
+        try:
+            with fused_norms(norm_modules(model)) as swapped:
+                got = model(ids, output_hidden_states=True).hidden_states
+        finally:
+            norms.rms_norm = real
+    return {
+        "swapped": swapped,
+        "calls_by_form": {str(f): calls.count(f) for f in sorted(set(calls))},
+        "hidden_rel": _relative(got, want),
+        "restored": all("forward" not in vars(m) for m in norm_modules(model)),
+    }
+
+
+def _one_module(m, dtype: torch.dtype, g: torch.Generator) -> dict:
+    """One module alone, on rows of uneven strides (every other column of a wider tensor)."""
+    x = torch.randn(5, 3, 2 * m.weight.shape[0], generator=g).to(dtype)[..., ::2]
+    args = (x, torch.randn(x.shape, generator=g).to(dtype)) if norms.norm_form(m) == norms.GATED else (x,)
+    with torch.no_grad():
+        ref = m(*args)
+        with fused_norms([m]):
+            mine = m(*args)
+    return {"steps": _steps(mine, ref), "dtype_same": mine.dtype == ref.dtype, "shape": list(mine.shape)}
+
+
+def main() -> None:
+    out: dict = {}
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        for kind in ("hybrid", "attention"):
+            model = tiny_model(kind, VOCAB, layers=4).to(dtype)
+            _randomize_norms(model)
+            name = f"{kind}_{str(dtype).split('.')[-1]}"
+            out[name] = _whole_model(model, torch.randint(1, VOCAB, (3, 21), generator=g))
+            for m in norm_modules(model):
+                out[f"{name}_{type(m).__name__}"] = _one_module(m, dtype, g)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The target's RMSNorms as one Triton kernel each (draftsmith.target.norms): which modules it takes, that it
+swaps and restores them, that CPU tensors keep Transformers' forward, and, through Triton's interpreter on the
+CPU and on a GPU, that the kernel computes what Transformers computes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from draftsmith.target.norms import (
+    GATED,
+    WEIGHTED,
+    ZERO_CENTRED,
+    fused_norms,
+    norm_form,
+    norm_modules,
+    rms_norm,
+)
+
+VOCAB = 97
+HERE = Path(__file__).resolve().parent
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel compiles for a GPU")
+
+
+def test_every_rmsnorm_of_a_hybrid_and_an_attention_target_is_found_with_its_form():
+    hybrid = norm_modules(tiny_model("hybrid", VOCAB, layers=4))  # 3 Gated DeltaNet layers, 1 attention layer
+    forms = [norm_form(m) for m in hybrid]
+    # two a layer, q and k norms of the attention layer, the final norm; one gated norm a Gated DeltaNet layer
+    assert forms.count(ZERO_CENTRED) == 4 * 2 + 2 + 1 and forms.count(GATED) == 3
+    attention = norm_modules(tiny_model("attention", VOCAB, layers=3))
+    assert [norm_form(m) for m in attention] == [WEIGHTED] * (3 * 4 + 1)
+
+
+def test_swapped_forwards_are_restored_and_cpu_tensors_keep_transformers_forward():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Triton runs interpreted in this process: CPU tensors go to the kernel")
+    model = tiny_model("hybrid", VOCAB, layers=4)
+    found = norm_modules(model)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+        with fused_norms(found) as swapped:
+            assert swapped == len(found) and all("forward" in vars(m) for m in found)
+            got = model(ids).logits
+        assert torch.equal(got, want)
+        assert all("forward" not in vars(m) for m in found)
+        with pytest.raises(RuntimeError, match="inside"), fused_norms(found):
+            raise RuntimeError("inside")
+    assert all("forward" not in vars(m) for m in found)
+    with fused_norms(None) as swapped:
+        assert swapped == 0
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (the dev extra installs it on Linux x86-64)")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(HERE.parents[1])}
+    run = subprocess.run(
+        [sys.executable, str(HERE / "interpreted_norms.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "attention"])
+def test_the_kernel_under_triton_s_interpreter_computes_transformers_norms(interpreted, kind):
+    """fp32: each norm within a few fp32 rounding steps (only the sum of squares is added in another order);
+    bf16: within the interpreter's rounding (toward zero, where a GPU rounds to nearest: the GPU test below
+    checks that); every norm of a forward goes through the kernel, and every module gets its forward back."""
+    for dtype, most_steps in (("float32", 4.0), ("bfloat16", 3.0)):
+        run = interpreted[f"{kind}_{dtype}"]
+        assert run["restored"]
+        swapped = run["swapped"]
+        assert swapped == (14 if kind == "hybrid" else 17)
+        assert sum(run["calls_by_form"].values()) == swapped  # each norm runs once a forward
+        modules = {k: v for k, v in interpreted.items() if k.startswith(f"{kind}_{dtype}_")}
+        assert modules and all(v["dtype_same"] and v["steps"] <= most_steps for v in modules.values()), (
+            modules
+        )
+    assert interpreted[f"{kind}_float32"]["hidden_rel"] < 1e-5
+
+
+@needs_gpu
+@pytest.mark.parametrize("form", [ZERO_CENTRED, WEIGHTED, GATED])
+def test_the_kernel_on_a_gpu_rounds_where_transformers_rounds(form):
+    """bf16 on a GPU: at most one bf16 step apart, and on at most 1% of the elements (fp32 sums of squares
+    in another order can move a value across a rounding boundary, seldom)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5RMSNormGated
+
+    width = {ZERO_CENTRED: 5120, WEIGHTED: 4096, GATED: 128}[form]
+    module = {ZERO_CENTRED: Qwen3_5RMSNorm, WEIGHTED: LlamaRMSNorm, GATED: Qwen3_5RMSNormGated}[form](width)
+    module = module.to("cuda", torch.bfloat16)
+    g = torch.Generator("cuda").manual_seed(0)
+    module.weight.data += 0.3 * torch.randn(width, device="cuda", generator=g).bfloat16()
+    x = 3 * torch.randn(4096, width, device="cuda", generator=g).bfloat16()
+    gate = torch.randn(4096, width, device="cuda", generator=g).bfloat16() if form == GATED else None
+    want = module(x) if gate is None else module(x, gate)
+    got = rms_norm(x, module.weight, 1e-6, form=form, gate=gate)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    step = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(1e-30)
+    assert bool(((got.float() - want.float()).abs() <= step).all())
+    assert float((got != want).float().mean()) <= 0.01
