@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 from collections.abc import Iterator
 
@@ -45,6 +46,7 @@ _FORMS = {
     ),
     **dict.fromkeys(("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"), GATED),
 }
+log = logging.getLogger(__name__)
 _MAX_TILE = 8192  # elements a program holds: wider rows keep Transformers' forward
 _ROWS_TILE = 4096  # elements a program takes when rows are short (several rows a program)
 
@@ -97,11 +99,28 @@ def _fused_forward(module: nn.Module, original):
         fits = hidden_states.shape[-1] <= _MAX_TILE and (form == GATED) == (gate is not None)
         if form == GATED:  # the weighted part is rounded to x's dtype only where the weight has it too
             fits = fits and weight.dtype == hidden_states.dtype
-        if not ((hidden_states.is_cuda or interpreted) and fits):
+        if _failed or not ((hidden_states.is_cuda or interpreted) and fits):
             return original(*args)
-        return rms_norm(hidden_states, weight, eps, form=form, gate=gate)
+        try:
+            return rms_norm(hidden_states, weight, eps, form=form, gate=gate)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot compile here must not stop the job
+            _give_up(e)
+            return original(*args)
 
     return forward
+
+
+_failed: list[str] = []  # why the kernel could not run in this process, once it could not
+
+
+def _give_up(error: Exception) -> None:
+    if not _failed:
+        log.warning(
+            "RMSNorm kernel failed (%s: %s); Transformers' norms run instead", type(error).__name__, error
+        )
+        _failed.append(repr(error))
 
 
 def rms_norm(

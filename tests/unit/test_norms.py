@@ -114,3 +114,23 @@ def test_the_kernel_on_a_gpu_rounds_where_transformers_rounds(form):
     step = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(1e-30)
     assert bool(((got.float() - want.float()).abs() <= step).all())
     assert float((got != want).float().mean()) <= 0.01
+
+
+def test_a_kernel_that_cannot_run_leaves_transformers_norms_in_place(monkeypatch, caplog):
+    """A Triton that cannot compile the kernel on some machine must cost a warning, not the job."""
+    from draftsmith.target import norms
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such instruction on this GPU")
+
+    monkeypatch.setattr(norms, "rms_norm", broken)
+    monkeypatch.setattr(norms, "_failed", [])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors are sent to the (broken) kernel
+    model = tiny_model("hybrid", VOCAB, layers=4)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+        with caplog.at_level("WARNING", logger="draftsmith.target.norms"), fused_norms(norm_modules(model)):
+            got = model(ids).logits
+    assert torch.equal(got, want)
+    assert norms._failed and sum("RMSNorm kernel failed" in r.message for r in caplog.records) == 1
