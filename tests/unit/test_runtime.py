@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_a_step_asked_for_stacks_writes_every_threads_stack_to_its_log():
     code = (
@@ -16,3 +18,19 @@ def test_a_step_asked_for_stacks_writes_every_threads_stack_to_its_log():
     )  # twice, where it waits
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr
     assert "most recent call first" not in quiet
+
+
+def test_a_step_keeps_tritons_autotuning_results_on_disk_unless_told_otherwise():
+    """fla's kernels read the switch as they are decorated; Triton's own knob must see it after the import."""
+    pytest.importorskip("triton")
+    code = "import draftsmith.steps, triton; print(bool(triton.knobs.autotuning.cache))"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_AUTOTUNING"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "True", run.stderr[-2000:]
+    off = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "TRITON_CACHE_AUTOTUNING": "0"},
+        capture_output=True,
+        text=True,
+    )
+    assert off.stdout.strip() == "False", off.stderr[-2000:]
