@@ -6,9 +6,9 @@ every thread's Python stack also goes to the log every N seconds, to see what a 
 progress, an idle GPU) waits on, without a debugger. That dump reads other threads' frames while they run: a
 bench job died in the middle of one (docs/operations.md), so leave it off unless a job hangs.
 
-It also asks Triton to keep its autotuning results on disk beside the compiled kernels (TRITON_CACHE_AUTOTUNING,
-unless set): fla tunes its Gated DeltaNet kernels for every new shape in every process, so each extraction job
-on a node would otherwise pay again what the first one measured.
+It also asks Triton to keep its autotuning results on disk beside the compiled kernels
+(TRITON_CACHE_AUTOTUNING, unless set): fla tunes its Gated DeltaNet kernels for every new shape in every
+process, so each extraction job on a node would otherwise pay again what the first one measured.
 """
 
 import faulthandler
@@ -17,7 +17,7 @@ import sys
 
 STACKS_ENV = "DRAFTSMITH_STACKS_EVERY_S"
 
-os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # read as fla's kernels are decorated: before any import
+os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # read as fla's kernels are decorated: set it first
 
 if not faulthandler.is_enabled():  # pytest, importing a step, has it on already
     faulthandler.enable(file=sys.stderr)
