@@ -12,6 +12,7 @@ import torch
 
 from draftsmith.target import norms
 from draftsmith.target.norms import fused_norms, norm_modules
+from draftsmith.target.taps import forward_taps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest's tiny targets
 from conftest import tiny_model  # noqa: E402
@@ -35,23 +36,42 @@ def _relative(got, want) -> float:
     return max(float((a - b).float().norm() / b.float().norm()) for a, b in zip(got, want))
 
 
+class _Counted:
+    """norms.rms_norm, counting its calls by form while active."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.real = norms.rms_norm
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(kwargs["form"])
+        return self.real(*args, **kwargs)
+
+    def __enter__(self) -> list[int]:
+        norms.rms_norm = self
+        return self.calls
+
+    def __exit__(self, *exc) -> None:
+        norms.rms_norm = self.real
+
+
+def _forward_taps(model, ids: torch.Tensor) -> dict:
+    """The extraction forward with and without the kernels (the first taps of the DFlash default)."""
+    taps = [1, 2]
+    with torch.no_grad():
+        with _Counted() as plain_calls:
+            plain = forward_taps(model, ids, None, taps, norm_kernels=False)
+        with _Counted() as calls:
+            fused = forward_taps(model, ids, None, taps)
+    return {"calls": len(calls), "plain_calls": len(plain_calls), "rel": _relative([fused], [plain])}
+
+
 def _whole_model(model, ids: torch.Tensor) -> dict:
     """Every hidden state with and without the kernels, and the forms of the kernel's calls."""
-    calls: list[int] = []
-    real = norms.rms_norm
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs["form"])
-        return real(*args, **kwargs)
-
     with torch.no_grad():
         want = model(ids, output_hidden_states=True).hidden_states
-        norms.rms_norm = counted
-        try:
-            with fused_norms(norm_modules(model)) as swapped:
-                got = model(ids, output_hidden_states=True).hidden_states
-        finally:
-            norms.rms_norm = real
+        with _Counted() as calls, fused_norms(norm_modules(model)) as swapped:
+            got = model(ids, output_hidden_states=True).hidden_states
     return {
         "swapped": swapped,
         "calls_by_form": {str(f): calls.count(f) for f in sorted(set(calls))},
@@ -79,7 +99,9 @@ def main() -> None:
             model = tiny_model(kind, VOCAB, layers=4).to(dtype)
             _randomize_norms(model)
             name = f"{kind}_{str(dtype).split('.')[-1]}"
-            out[name] = _whole_model(model, torch.randint(1, VOCAB, (3, 21), generator=g))
+            ids = torch.randint(1, VOCAB, (3, 21), generator=g)
+            out[name] = _whole_model(model, ids)
+            out[f"{name}_forward_taps"] = _forward_taps(model, ids)
             for m in norm_modules(model):
                 out[f"{name}_{type(m).__name__}"] = _one_module(m, dtype, g)
     print(json.dumps(out))

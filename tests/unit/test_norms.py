@@ -86,7 +86,17 @@ def test_the_kernel_under_triton_s_interpreter_computes_transformers_norms(inter
         swapped = run["swapped"]
         assert swapped == (14 if kind == "hybrid" else 17)
         assert sum(run["calls_by_form"].values()) == swapped  # each norm runs once a forward
-        modules = {k: v for k, v in interpreted.items() if k.startswith(f"{kind}_{dtype}_")}
+        taps = interpreted[f"{kind}_{dtype}_forward_taps"]  # the extraction forward: kernels unless told not
+        assert (
+            taps["calls"] > 0
+            and taps["plain_calls"] == 0
+            and taps["rel"] < (1e-5 if dtype == "float32" else 0.05)
+        )
+        modules = {
+            k: v
+            for k, v in interpreted.items()
+            if k.startswith(f"{kind}_{dtype}_") and not k.endswith("_taps")
+        }
         assert modules and all(v["dtype_same"] and v["steps"] <= most_steps for v in modules.values()), (
             modules
         )
