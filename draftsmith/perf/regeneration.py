@@ -12,6 +12,7 @@ from draftsmith.core.runtime import sync_device
 from draftsmith.engine.engine import PREFILL_TOKENS, Engine, RegenStats, left_pad
 from draftsmith.engine.kernels import available, self_check
 from draftsmith.target.layers import body
+from draftsmith.target.norms import fused_norms, norm_modules
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,11 @@ def hf_generate(
 
 def bare_forward_s(model, prompts: list[list[int]]) -> float:
     """Seconds of the decoder stack's forward alone on these prompts (no cache, no LM head: what extraction
-    runs), warm: the same call once before the timed one."""
+    runs, its RMSNorm kernels included as the engine's prefill has them), warm: the same call once before the
+    timed one."""
     device = next(model.parameters()).device
     ids = torch.tensor(prompts, device=device)
-    with torch.inference_mode():
+    with torch.inference_mode(), fused_norms(norm_modules(model)):
         for _ in range(2):
             sync_device(device)
             t0 = time.perf_counter()
