@@ -12,6 +12,7 @@ from draftsmith.core.runtime import sync_device
 from draftsmith.engine.engine import PREFILL_TOKENS, Engine, RegenStats, left_pad
 from draftsmith.engine.kernels import available, self_check
 from draftsmith.target.layers import body
+from draftsmith.target.norms import failure as norm_failure
 from draftsmith.target.norms import fused_norms, norm_modules
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,8 @@ def hf_generate(
 
 def bare_forward_s(model, prompts: list[list[int]]) -> float:
     """Seconds of the decoder stack's forward alone on these prompts (no cache, no LM head: what extraction
-    runs, its RMSNorm kernels included as the engine's prefill has them), warm: the same call once before the
-    timed one."""
+    runs, its RMSNorm kernels included, also where an engine row ran without them), warm: the same call once
+    before the timed one."""
     device = next(model.parameters()).device
     ids = torch.tensor(prompts, device=device)
     with torch.inference_mode(), fused_norms(norm_modules(model)):
@@ -285,6 +286,7 @@ def _engine_figures(engine: Engine, stats: RegenStats, answers: list[list[int]],
         "cuda_graph": engine.cuda_graph,
         "fused_kernels": engine.fused,
         "norm_kernels": engine.norm_kernels,
+        "norm_kernel_failure": norm_failure(),  # the kernel gave up in this process: Transformers' norms ran
         "new_tokens_per_s": stats.new_tokens_per_s,
         "decode_tokens_per_s": stats.decode_tokens_per_s,
         "seconds": stats.seconds,

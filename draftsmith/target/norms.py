@@ -5,8 +5,9 @@ reciprocal square root, two multiplies, casts back): each its own kernel with an
 the input. In a decode step of a 64-layer hybrid target at 256 slots that chain is most of the ~2,300 small
 kernels of a step; in a prefill of 64k tokens each link moves about a gigabyte. `fused_norms(norms)` swaps
 one kernel in for each norm module's forward while it is active: it reads the row once, keeps every
-intermediate in registers and rounds where Transformers rounds, so only the order of the squares' sum
-differs (fp32 rounding).
+intermediate in registers and rounds to x's dtype where Transformers does. In fp32 they still differ by a few
+rounding steps (the squares are summed in another order, and the reciprocal square root, exp and division
+are the GPU's fast ones), which seldom moves a bf16 result by one step.
 
 Three forms, by class (anything else keeps its own forward):
 - zero-centred (Qwen3.5/3.6, Qwen3-Next, Gemma): `(x * rsqrt(mean(x^2) + eps) * (1 + w)).to(x.dtype)`,
@@ -68,8 +69,9 @@ def _eps(module: nn.Module) -> float | None:
 
 
 def norm_modules(model: nn.Module) -> list[nn.Module]:
-    """Every norm of `model` that `fused_norms` can swap."""
-    return [m for m in model.modules() if norm_form(m) is not None]
+    """Every norm of `model` that `fused_norms` can swap: not those whose forward someone else wrapped
+    already (accelerate's hooks on a model spread over GPUs), which keep that forward."""
+    return [m for m in model.modules() if norm_form(m) is not None and "forward" not in vars(m)]
 
 
 @contextlib.contextmanager
@@ -82,11 +84,12 @@ def fused_norms(norms: list[nn.Module] | None) -> Iterator[int]:
         for module in norms or ():
             if "forward" not in vars(module):
                 module.forward = _fused_forward(module, module.forward)
-                swapped.append(module)
+                swapped.append((module, module.forward))
         yield len(swapped)
     finally:
-        for module in swapped:
-            del module.forward
+        for module, ours in swapped:
+            if vars(module).get("forward") is ours:  # not another wrapper installed meanwhile
+                del module.forward
 
 
 def _fused_forward(module: nn.Module, original):
@@ -95,11 +98,7 @@ def _fused_forward(module: nn.Module, original):
 
     def forward(hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         args = (hidden_states,) if gate is None else (hidden_states, gate)
-        interpreted = hidden_states.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
-        fits = hidden_states.shape[-1] <= _MAX_TILE and (form == GATED) == (gate is not None)
-        if form == GATED:  # the weighted part is rounded to x's dtype only where the weight has it too
-            fits = fits and weight.dtype == hidden_states.dtype
-        if _failed or not ((hidden_states.is_cuda or interpreted) and fits):
+        if _failed or not _fits(hidden_states, weight, gate, gated=form == GATED):
             return original(*args)
         try:
             return rms_norm(hidden_states, weight, eps, form=form, gate=gate)
@@ -112,7 +111,28 @@ def _fused_forward(module: nn.Module, original):
     return forward
 
 
+def _fits(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, *, gated: bool) -> bool:
+    """Whether the kernel computes this call as the module would; anything else goes to its own forward."""
+    n = x.shape[-1]
+    on = x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    ok = (
+        on
+        and 0 < n <= _MAX_TILE
+        and weight.shape == (n,)
+        and weight.device == x.device
+        and weight.is_contiguous()
+    )
+    if gated:  # the weighted part is rounded to x's dtype only where the weight has it too
+        ok = ok and gate is not None and gate.shape == x.shape and weight.dtype == x.dtype
+    return ok and (gated or gate is None)
+
+
 _failed: list[str] = []  # why the kernel could not run in this process, once it could not
+
+
+def failure() -> str | None:
+    """Why the kernel stopped running in this process (Transformers' norms run instead), or None."""
+    return _failed[0] if _failed else None
 
 
 def _give_up(error: Exception) -> None:
@@ -144,6 +164,8 @@ def rms_norm(
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
     block = 1 << (n - 1).bit_length()
     per_program = max(1, _ROWS_TILE // block)
+    if rows.shape[0] == 0:  # nothing to launch (a grid of no programs is an error)
+        return out
     _kernel()[(-(-rows.shape[0] // per_program),)](
         rows,
         gate_rows,
@@ -154,6 +176,7 @@ def rms_norm(
         rows.stride(0),
         gate_rows.stride(0),
         eps,
+        1.0 / n,
         FORM=form,
         ROWS=per_program,
         BLOCK=block,
@@ -170,14 +193,27 @@ def _kernel():
 
     @triton.jit
     def rms_norm_kernel(
-        x, gate, w, out, n_rows, n, sx, sg, eps, FORM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr
+        x,
+        gate,
+        w,
+        out,
+        n_rows,
+        n,
+        sx,
+        sg,
+        eps,
+        inv_n,
+        FORM: tl.constexpr,
+        ROWS: tl.constexpr,
+        BLOCK: tl.constexpr,
     ):
-        # one program: ROWS rows of n <= BLOCK columns
-        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
+        # one program: ROWS rows of n <= BLOCK columns; offsets in int64 (rows x stride passes 2^31 at ~400k
+        # tokens of width 5120)
+        r = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]).to(tl.int64)  # [ROWS, 1]
         c = tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
         keep = (r < n_rows) & (c < n)
         xf = tl.load(x + r * sx + c, mask=keep, other=0.0).to(tl.float32)  # [ROWS, BLOCK]
-        inv = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / n + eps)  # [ROWS]
+        inv = tl.math.rsqrt(tl.sum(xf * xf, axis=1) * inv_n + eps)  # [ROWS]; torch's mean multiplies by 1/n
         normed = xf * inv[:, None]
         wf = tl.load(w + c, mask=c < n, other=0.0).to(tl.float32)  # [1, BLOCK]
         if FORM == 0:  # zero-centred: fp32 throughout, one rounding at the end
@@ -187,7 +223,7 @@ def _kernel():
         else:  # gated: the weighted form rounded to x's dtype, then times silu(gate) in fp32
             p = (wf * normed.to(x.dtype.element_ty).to(tl.float32)).to(x.dtype.element_ty).to(tl.float32)
             g = tl.load(gate + r * sg + c, mask=keep, other=0.0).to(tl.float32)
-            y = p * (g / (1.0 + tl.exp(-g)))
+            y = p * tl.math.div_rn(g, 1.0 + tl.exp(-g))
         tl.store(out + r * n + c, y.to(out.dtype.element_ty), mask=keep)
 
     return rms_norm_kernel
