@@ -162,8 +162,7 @@ def rms_norm(
         gate_rows = gate_rows.contiguous()
     dtype = torch.promote_types(weight.dtype, x.dtype) if form == WEIGHTED else x.dtype
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    block = 1 << (n - 1).bit_length()
-    per_program = max(1, _ROWS_TILE // block)
+    per_program, block, warps = launch_shape(n)
     if rows.shape[0] == 0:  # nothing to launch (a grid of no programs is an error)
         return out
     _kernel()[(-(-rows.shape[0] // per_program),)](
@@ -180,9 +179,16 @@ def rms_norm(
         FORM=form,
         ROWS=per_program,
         BLOCK=block,
-        num_warps=4 if block * per_program <= 4096 else 8,
+        num_warps=warps,
     )
     return out
+
+
+def launch_shape(n: int) -> tuple[int, int, int]:
+    """Rows a program, the power of two of columns it holds, and its warps, for rows of `n` elements."""
+    block = 1 << (n - 1).bit_length()
+    rows = max(1, _ROWS_TILE // block)
+    return rows, block, 4 if block * rows <= 4096 else 8
 
 
 @functools.cache
