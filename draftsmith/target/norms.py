@@ -115,6 +115,7 @@ def _fits(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, *, g
     """Whether the kernel computes this call as the module would; anything else goes to its own forward."""
     n = x.shape[-1]
     on = x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    on = on and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))  # no backward
     ok = (
         on
         and 0 < n <= _MAX_TILE

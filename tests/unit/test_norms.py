@@ -162,7 +162,8 @@ def test_a_kernel_that_cannot_run_leaves_transformers_norms_in_place(monkeypatch
 
 def test_calls_the_kernel_cannot_compute_as_the_module_does_keep_the_module_s_forward(monkeypatch):
     """Weights of another length or layout, a gate of another shape, empty or too wide rows, a gated norm
-    whose weight has another dtype than its input: all go to Transformers' forward."""
+    whose weight has another dtype than its input, a call that autograd would follow: all go to
+    Transformers' forward."""
     from draftsmith.target.norms import _fits
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors count as the kernel's
@@ -174,6 +175,10 @@ def test_calls_the_kernel_cannot_compute_as_the_module_does_keep_the_module_s_fo
     assert not _fits(x, w.bfloat16(), torch.randn(4, 8), gated=True)
     assert not _fits(torch.randn(4, 0), torch.randn(0), None, gated=False)
     assert not _fits(torch.randn(2, 9000), torch.randn(9000), None, gated=False)
+    trained = torch.nn.Parameter(w.clone())
+    assert not _fits(x, trained, None, gated=False)  # the kernel has no backward
+    with torch.no_grad():
+        assert _fits(x, trained, None, gated=False)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not _fits(x, w, None, gated=False)  # a CPU tensor without the interpreter
 
