@@ -7,7 +7,7 @@ runs the same check first.
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import compile_for_h200, tiny_model
 
 from draftsmith.engine.engine import Engine
 from draftsmith.engine.kernels import as_segments, available, fused_decode, packed_prefill, self_check
@@ -139,6 +139,24 @@ def test_kernels_match_what_they_replace():
     err = self_check(torch.device("cuda"))
     assert err["recurrent_state"] < 1e-4 and err["recurrent_out"] < 2e-2 and err["conv_state"] == 0
     assert err["conv_out"] < 0.1 and err["attention"] < 2e-2 and err["attention_window"] < 2e-2
+
+
+def test_every_cut_of_the_recurrence_compiles_for_an_h200_without_one():
+    """The engine's cut and the others time_kernels compares build to sm_90 machine code on the 27B shape's
+    layer (48 value heads, 16 key heads, 128 x 128 states), on a CPU: CI catches a cut that does not build."""
+    from draftsmith.engine.kernels import GDN_LAUNCH, GDN_LAUNCHES
+    from draftsmith.engine.triton_kernels import _kernels
+
+    signature = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*bf16", "state": "*fp32"}
+    signature |= {"out": "*bf16"} | dict.fromkeys(
+        ("sq_b", "sq_h", "sk_b", "sk_h", "sv_b", "sv_h", "sg_b", "sbeta_b"), "i32"
+    )
+    signature |= {"scale": "fp32"}
+    for launch in (GDN_LAUNCH, *GDN_LAUNCHES):
+        shape = {"HV": 48, "GROUP": 3, "K": 128, "V": 128, "BK": 128, "BV": launch.block_v}
+        constants = {**shape, "L2NORM": True, "STREAM": launch.stream}
+        compiled = compile_for_h200(_kernels()[0], signature, constants, launch.warps)
+        assert ".entry gdn_step" in compiled.asm["ptx"], launch
 
 
 @pytest.mark.skipif(not available(torch.device("cuda")), reason="the Triton kernels need a GPU")
