@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -222,6 +222,11 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
             | grep --line-buffered -v Warning | tee "$OUT/norms_e2e.log"
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.profile_extract --shape $SHAPE --compare-norms \
             --tokens ${TOKENS:-60000} 2>&1 | grep -v Warning | tee "$OUT/norms_extract.log"
+        ;;
+    e2e1024)  # issue 21: 256 slots, 1,024-token answers, CUDA graph only, first run and warm rerun (the 3,400 figure)
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes 256 \
+            --new-tokens 1024 --waves 1 --cuda-graph --eager-batches "" --generate-batches "" --check-prompts 0 \
+            --again --json-out "$OUT/e2e1024.json" 2>&1 | grep --line-buffered -v Warning | tee "$OUT/e2e1024.log"
         ;;
     autotune_cache)  # issue 21: a process's first prefill (a group of 32) when an earlier process kept fla's autotuning
         # results on disk (TRITON_CACHE_AUTOTUNING=1, which every step sets) against compiled kernels kept alone
