@@ -2,8 +2,8 @@
 
 Transformers writes an RMSNorm as a chain of torch operations (a cast to fp32, a square, a mean, an add, a
 reciprocal square root, two multiplies, casts back): each its own kernel with an fp32 intermediate the size of
-the input. In a decode step of a 64-layer hybrid target at 256 slots that chain is most of the ~2,300 small
-kernels of a step; in a prefill of 64k tokens each link moves about a gigabyte. `fused_norms(norms)` swaps
+the input. Those chains are most of a decode step's small kernels (docs/measurements.md), and in a long
+prefill each link reads and writes the whole activation again. `fused_norms(norms)` swaps
 one kernel in for each norm module's forward while it is active: it reads the row once, keeps every
 intermediate in registers and rounds to x's dtype where Transformers does. In fp32 they still differ by a few
 rounding steps (the squares are summed in another order, and the reciprocal square root, exp and division
