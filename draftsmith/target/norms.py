@@ -48,6 +48,7 @@ _FORMS = {
     **dict.fromkeys(("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"), GATED),
 }
 log = logging.getLogger(__name__)
+OFF_ENV = "DRAFTSMITH_NORM_KERNELS"
 _MAX_TILE = 8192  # elements a program holds: wider rows keep Transformers' forward
 _ROWS_TILE = 4096  # elements a program takes when rows are short (several rows a program)
 
@@ -70,7 +71,10 @@ def _eps(module: nn.Module) -> float | None:
 
 def norm_modules(model: nn.Module) -> list[nn.Module]:
     """Every norm of `model` that `fused_norms` can swap: not those whose forward someone else wrapped
-    already (accelerate's hooks on a model spread over GPUs), which keep that forward."""
+    already (accelerate's hooks on a model spread over GPUs), which keep that forward; none where
+    DRAFTSMITH_NORM_KERNELS=0 (every job then runs Transformers' norms)."""
+    if os.environ.get(OFF_ENV) == "0":
+        return []
     return [m for m in model.modules() if norm_form(m) is not None and "forward" not in vars(m)]
 
 

@@ -39,6 +39,15 @@ def test_every_rmsnorm_of_a_hybrid_and_an_attention_target_is_found_with_its_for
     assert [norm_form(m) for m in attention] == [WEIGHTED] * (3 * 4 + 1)
 
 
+def test_the_environment_can_turn_the_kernels_off_for_every_job(monkeypatch):
+    """The engine and the extraction forward both take their norms from norm_modules."""
+    monkeypatch.setenv("DRAFTSMITH_NORM_KERNELS", "0")
+    model = tiny_model("hybrid", VOCAB, layers=4)
+    assert norm_modules(model) == []
+    monkeypatch.setenv("DRAFTSMITH_NORM_KERNELS", "1")
+    assert len(norm_modules(model)) == 14
+
+
 def test_swapped_forwards_are_restored_and_cpu_tensors_keep_transformers_forward():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Triton runs interpreted in this process: CPU tensors go to the kernel")
