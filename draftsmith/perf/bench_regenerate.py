@@ -22,7 +22,7 @@ from draftsmith.core.runtime import resolve_dtype, sync_device
 from draftsmith.engine.engine import PREFILL_TOKENS, Engine
 from draftsmith.engine.kernels import time_kernels
 from draftsmith.perf.profile_extract import time_by_kind
-from draftsmith.perf.regeneration import bare_forward_s, bench
+from draftsmith.perf.regeneration import bare_forward_s, bench, kernel_variants
 from draftsmith.perf.shapes import TINY_SHAPES, build_model, load_shape
 from draftsmith.target.kernels import report_kernels, use_fla_conv
 
@@ -210,10 +210,12 @@ def _first_figures(model, a: argparse.Namespace, device: torch.device) -> list[d
             times = time_kernels(device, slots)
             print(f"decode kernels, one layer at {slots} slots, ms per call:", times)
     if a.profile_batch:
-        on_gpu = device.type == "cuda"
-        variants = [(True, True)]  # (Triton decode kernels, norm kernels)
-        variants += [(True, False)] if on_gpu and a.profile_batch in _ints(a.plain_norm_batches) else []
-        variants += [(False, False)] if on_gpu and a.profile_batch in _ints(a.unfused_batches) else []
+        on_gpu = device.type == "cuda"  # the A/Bs need the kernels they turn off
+        variants = kernel_variants(
+            a.profile_batch,
+            plain_norm_batches=_ints(a.plain_norm_batches) if on_gpu else (),
+            unfused_batches=_ints(a.unfused_batches) if on_gpu else (),
+        )
         for fused, norms in variants:
             print(f"profile at batch {a.profile_batch}, in-place kernels {fused}, norm kernels {norms}:")
             print(

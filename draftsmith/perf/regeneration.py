@@ -379,6 +379,17 @@ def _engine_row(
     return row, answers
 
 
+def kernel_variants(
+    batch: int, *, plain_norm_batches: tuple[int, ...], unfused_batches: tuple[int, ...]
+) -> list[tuple[bool, bool]]:
+    """(Triton decode kernels, norm kernels) to time at `batch`: both on, then the A/Bs the flags ask for
+    there (Transformers' norms; neither)."""
+    variants = [(True, True)]
+    variants += [(True, False)] if batch in plain_norm_batches else []
+    variants += [(False, False)] if batch in unfused_batches else []
+    return variants
+
+
 def engine_rows(
     model,
     prompts: list[list[int]],
@@ -406,9 +417,9 @@ def engine_rows(
     for b in batch_sizes:
         first_answers = None
         timed = [graph for graph in graphs if graph or eager_batches is None or b in eager_batches]
-        variants = [(graph, True, True) for graph in timed]  # (graph, Triton decode kernels, norm kernels)
-        variants += [(graph, True, False) for graph in timed if b in plain_norm_batches]
-        variants += [(graph, False, False) for graph in graphs if b in unfused_batches]
+        kernels = kernel_variants(b, plain_norm_batches=plain_norm_batches, unfused_batches=unfused_batches)
+        # the unfused A/B runs at every graph setting, the others where eager_batches lets them
+        variants = [(graph, f, n) for f, n in kernels for graph in (timed if f else graphs)]
         for graph, fused, norms in variants:
             if graph and not graph_ok:
                 continue
