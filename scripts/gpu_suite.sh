@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -210,18 +210,29 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
             --generate-batches "" --check-prompts 0 --profile-batch ${PROFILE_BATCH:-256} --new-tokens 256 2>&1 \
             | grep --line-buffered -v Warning | tee "$OUT/regen_profile.log"
         ;;
-    norms)  # issue 21: each RMSNorm as one kernel (target.norms) against Transformers' chains of small kernels, each
+    norms)  # issue 21: target.fusion's kernels (RMSNorms, since 2026-12-04 the gated MLP's too) against Transformers', each
         # pair in one run: a decode step's GPU time by kind at 256 slots, 256 slots end to end as a CUDA graph (warm
         # reruns too), and the bare extraction forward with its profile
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes "" \
-            --generate-batches "" --check-prompts 0 --profile-batch 256 --plain-norm-batches 256 --new-tokens 256 2>&1 \
+            --generate-batches "" --check-prompts 0 --profile-batch 256 --plain-layer-batches 256 --new-tokens 256 2>&1 \
             | grep --line-buffered -v Warning | grep -A12 "GPU time a step\|^profile" | tee "$OUT/norms_profile.log"
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes 256 \
-            --new-tokens ${E2E_NEW:-256} --waves 1 --cuda-graph --eager-batches "" --plain-norm-batches 256 \
+            --new-tokens ${E2E_NEW:-256} --waves 1 --cuda-graph --eager-batches "" --plain-layer-batches 256 \
             --generate-batches "" --check-prompts 0 --again --json-out "$OUT/norms_e2e.json" 2>&1 \
             | grep --line-buffered -v Warning | tee "$OUT/norms_e2e.log"
-        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.profile_extract --shape $SHAPE --compare-norms \
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.profile_extract --shape $SHAPE --compare-layer-kernels \
             --tokens ${TOKENS:-60000} 2>&1 | grep -v Warning | tee "$OUT/norms_extract.log"
+        ;;
+    layer_kernels)  # issue 21: the gated MLP's kernel beside the norms' (target.fusion): their GPU tests, then
+        # bench_extract (bare forward against the ceiling, extraction against bare: the 0.66 and 0.95 figures),
+        # then profile_extract's A/B in one run (every kernel; Transformers' MLPs; Transformers' norms too)
+        python3 -m pytest -q -rs tests/unit/test_gated_mlp.py tests/unit/test_norms.py 2>&1 | tail -15 \
+            | tee "$OUT/layer_tests.log"
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_extract --shape $SHAPE --tokens ${TOKENS:-80000} \
+            --repeats 2 --naive-fraction 0 --out-dir /tmp/dsbench --json-out "$OUT/layer_extract.json" 2>&1 \
+            | grep -v Warning | tail -40 | tee "$OUT/layer_extract.log"
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.profile_extract --shape $SHAPE --compare-layer-kernels \
+            --tokens ${PTOKENS:-30000} 2>&1 | grep -v Warning | tee "$OUT/layer_profile.log"
         ;;
     e2e1024)  # issue 21: 256 slots, 1,024-token answers, CUDA graph only, first run and warm rerun (the 3,400 figure)
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_regenerate --shape $SHAPE --batch-sizes 256 \

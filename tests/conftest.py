@@ -4,6 +4,7 @@ tokenizer), and the helpers that run the workflow through the Snakemake CLI on t
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -62,8 +63,6 @@ def compile_for_h200(kernel, signature: dict[str, str], constants: dict, warps: 
     """Compiles a Triton kernel ahead of time for sm_90 with Triton's own ptxas: no GPU or driver needed, so a
     CPU machine learns whether the kernel builds to machine code (the interpreter runs it as Python). Returns
     Triton's compiled kernel; skips where Triton is absent or runs interpreted."""
-    import importlib.util
-
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed (the dev extra installs it on Linux x86-64)")
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -229,3 +228,21 @@ def hub_cache(cache: Path, repo_id: str, model_dir: Path, commit: str = "0" * 39
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(commit)
     return repo / "snapshots" / commit
+
+
+@pytest.fixture(scope="session")
+def interpreted() -> dict:
+    """target.fusion's kernels through Triton's interpreter, in a process of its own
+    (tests/unit/interpreted_kernels.py): its figures by name, for test_norms.py and test_gated_mlp.py."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (the dev extra installs it on Linux x86-64)")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parent / "unit" / "interpreted_kernels.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])

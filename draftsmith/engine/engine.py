@@ -41,6 +41,7 @@ from draftsmith.engine.attention import (
 )
 from draftsmith.engine.kernels import available, fused_decode, packed_prefill
 from draftsmith.engine.slots import SlotCache
+from draftsmith.target.fusion import fused_modules, kernel_modules
 from draftsmith.target.layers import (
     body,
     cache_kwarg,
@@ -49,7 +50,6 @@ from draftsmith.target.layers import (
     names_sliding_layers,
     sliding_window,
 )
-from draftsmith.target.norms import fused_norms, norm_modules
 from draftsmith.target.sampling import pick
 
 PREFILL_TOKENS = 16384  # prompt tokens prefilled together at most (a group's activations and states)
@@ -129,7 +129,7 @@ class Engine:
         pow2_groups: bool = True,
         min_refill: int = 1,
         packed: bool = False,
-        norm_kernels: bool = True,
+        layer_kernels: bool = True,
     ):
         self.model = model
         self.device = next(model.parameters()).device
@@ -194,9 +194,9 @@ class Engine:
         # on a GPU the step's attention and Gated DeltaNet updates run on Triton kernels (engine.kernels)
         self.fused = fused_kernels and available(self.device)
         self._mixer = mixer_module(model) if self.fused else None
-        # prefills' and decode steps' RMSNorms as one kernel each (target.norms), not Transformers' ten
-        self._norms = norm_modules(model) if self.fused and norm_kernels else []
-        self.norm_kernels = bool(self._norms)
+        # prefills' and decode steps' RMSNorms and gated MLP products as one kernel each (target.fusion)
+        self._kernel_modules = kernel_modules(model) if self.fused and layer_kernels else []
+        self.layer_kernels = bool(self._kernel_modules)
         # the slot positions the Triton attention reads, on every device of the model (refreshed in place each
         # step, so a captured graph keeps reading the same tensors)
         self._pos_copies = {
@@ -207,7 +207,7 @@ class Engine:
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, int]:
         ids, att = left_pad(prompts, self.pad_id)
         pos = (att.cumsum(-1) - 1).clamp_min(0)
-        with packed_prefill(self._packed_mixer) as packer, fused_norms(self._norms):
+        with packed_prefill(self._packed_mixer) as packer, fused_modules(self._kernel_modules):
             out = self.model(
                 input_ids=ids.to(self.device),
                 attention_mask=att.to(self.device),
@@ -304,7 +304,7 @@ class Engine:
                 copy.copy_(pos)
             _step_positions.update({self.device: pos, **self._pos_copies})
         try:
-            with fused_decode(self._mixer), fused_norms(self._norms):
+            with fused_decode(self._mixer), fused_modules(self._kernel_modules):
                 hidden = self._body(
                     input_ids=self.cur[:, None],
                     attention_mask=att,

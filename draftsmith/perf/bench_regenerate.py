@@ -83,7 +83,7 @@ def profile_steps(
     rows: int = 15,
     new_tokens: int = 64,
     fused: bool = True,
-    norms: bool = True,
+    layer_kernels: bool = True,
 ) -> str:
     """The top kernels of `steps` eager decode steps with every slot live, then a step's GPU time by kind of
     work: where a step's time goes, and what a CUDA graph of the step (no launch gaps) would cost at least
@@ -96,7 +96,7 @@ def profile_steps(
         max_len=prompt_len + new_tokens + 1,
         eos_ids=[],
         fused_kernels=fused,
-        norm_kernels=norms,
+        layer_kernels=layer_kernels,
     )
     engine.run(prompts[:1], 4, progress=False)  # warm-up
     group = max(1, PREFILL_TOKENS // prompt_len)  # as the engine admits: a whole batch at once would not fit
@@ -141,9 +141,10 @@ def _parser() -> argparse.ArgumentParser:
         "--unfused-batches", default="", help="also time these batches without the Triton decode kernels"
     )
     p.add_argument(
-        "--plain-norm-batches",
+        "--plain-layer-batches",
         default="",
-        help="also time these batches with Transformers' RMSNorms (one fused kernel each otherwise)",
+        help="also time these batches with Transformers' RMSNorms and gated MLPs (target.fusion's kernels "
+        "otherwise)",
     )
     p.add_argument(
         "--eager-batches", default=None, help="with --cuda-graph, the batches also timed eagerly (all)"
@@ -158,8 +159,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="first print the top kernels of decode steps at this batch, and a step's GPU time by kind "
-        "(with Transformers' norms, or without any in-place kernels, too where --plain-norm-batches or "
-        "--unfused-batches name this batch)",
+        "(with Transformers' norms and MLPs, or without any in-place kernels, too where "
+        "--plain-layer-batches or --unfused-batches name this batch)",
     )
     p.add_argument("--kernel-times", action="store_true", help="first time the in-place decode kernels alone")
     p.add_argument(
@@ -213,11 +214,13 @@ def _first_figures(model, a: argparse.Namespace, device: torch.device) -> list[d
         on_gpu = device.type == "cuda"  # the A/Bs need the kernels they turn off
         variants = kernel_variants(
             a.profile_batch,
-            plain_norm_batches=_ints(a.plain_norm_batches) if on_gpu else (),
+            plain_layer_batches=_ints(a.plain_layer_batches) if on_gpu else (),
             unfused_batches=_ints(a.unfused_batches) if on_gpu else (),
         )
-        for fused, norms in variants:
-            print(f"profile at batch {a.profile_batch}, in-place kernels {fused}, norm kernels {norms}:")
+        for fused, layer_kernels in variants:
+            print(
+                f"profile at batch {a.profile_batch}, in-place kernels {fused}, layer kernels", layer_kernels
+            )
             print(
                 profile_steps(
                     model,
@@ -226,7 +229,7 @@ def _first_figures(model, a: argparse.Namespace, device: torch.device) -> list[d
                     a.prompt_len,
                     new_tokens=a.new_tokens,
                     fused=fused,
-                    norms=norms,
+                    layer_kernels=layer_kernels,
                 )
             )
     admit = []
@@ -274,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
         generate_waves=a.generate_waves,
         spread=a.spread,
         unfused_batches=_ints(a.unfused_batches),
-        plain_norm_batches=_ints(a.plain_norm_batches),
+        plain_layer_batches=_ints(a.plain_layer_batches),
         eager_batches=None if a.eager_batches is None else _ints(a.eager_batches),
         pow2_groups=not a.any_group_size,
         min_refill=a.min_refill,

@@ -133,16 +133,16 @@ def stage_batches(
 
 @torch.inference_mode()
 def run_bare(
-    model, staged: list[tuple], taps: list[int], device: torch.device, *, norm_kernels: bool = True
+    model, staged: list[tuple], taps: list[int], device: torch.device, *, layer_kernels: bool = True
 ) -> float:
     """Body forward up to the deepest tap with the taps gathered, nothing leaves the device; one sync at the
-    end. `norm_kernels`: as extraction runs them (off: Transformers' RMSNorms, for their A/B).
+    end. `layer_kernels`: as extraction runs them (off: Transformers' norms and MLPs, for their A/B).
 
     Like extraction, no attention mask: right padding needs none in a causal model (see extract_samples)."""
     sync_device(device)
     t0 = time.perf_counter()
     for ids, _att in staged:
-        forward_taps(model, ids, None, taps, norm_kernels=norm_kernels)
+        forward_taps(model, ids, None, taps, layer_kernels=layer_kernels)
     sync_device(device)
     return time.perf_counter() - t0
 

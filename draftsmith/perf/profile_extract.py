@@ -2,7 +2,8 @@
 
 Builds a random-weight target of a preset shape on the GPU, times the bare body forward on a log-uniform
 length mix with Transformers' torch convolution fallback and then with fla's Triton causal conv (same batches,
-one run; with --compare-norms also with Transformers' RMSNorms instead of one kernel each, target.norms), and
+one run; with --compare-layer-kernels also with Transformers' gated MLPs, then its RMSNorms too, instead of
+target.fusion's kernels), and
 prints the top CUDA kernels of a profiled pass and its GPU time by kind of work (matmul,
 attention, the Gated DeltaNet chunk kernels, convolution, element-wise) against the pass's wall time, the
 rest being launch gaps and host work. A GPU tool: it reads what the benchmark alone does not say."""
@@ -28,8 +29,9 @@ from draftsmith.perf.extraction import (
     stage_batches,
 )
 from draftsmith.perf.shapes import build_model, load_shape
+from draftsmith.target.fusion import fused_modules, kernel_modules
 from draftsmith.target.kernels import use_fla_conv
-from draftsmith.target.norms import norm_modules
+from draftsmith.target.norms import norm_form
 from draftsmith.target.taps import forward_taps
 
 # kernel names (CUDA, Triton) by the kind of work they do; the first pattern that matches wins
@@ -78,9 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--compare-conv", action="store_true", help="time the torch convolution fallback too")
     p.add_argument(
-        "--compare-norms",
+        "--compare-layer-kernels",
         action="store_true",
-        help="time the forward with Transformers' RMSNorms too (one kernel each otherwise)",
+        help="time the forward with Transformers' RMSNorms and gated MLPs too (target.fusion's kernels "
+        "otherwise)",
     )
     a = p.parse_args(argv)
     device = torch.device("cuda")
@@ -94,9 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     flops = model_flops(model, lengths, taps)
     ceiling = matmul_ceiling(device)
 
-    def timed(label: str, norm_kernels: bool = True) -> None:
-        run_bare(model, staged, taps, device, norm_kernels=norm_kernels)  # warm-up, autotuning
-        s = min(run_bare(model, staged, taps, device, norm_kernels=norm_kernels) for _ in range(2))
+    def timed(label: str, layer_kernels: bool = True) -> None:
+        run_bare(model, staged, taps, device, layer_kernels=layer_kernels)  # warm-up, autotuning
+        s = min(run_bare(model, staged, taps, device, layer_kernels=layer_kernels) for _ in range(2))
         print(
             f"{label}: {lengths.sum() / s:.0f} tok/s, {flops / s / ceiling:.3f} of the {ceiling / 1e12:.0f} "
             "TFLOP/s ceiling"
@@ -108,8 +111,12 @@ def main(argv: list[str] | None = None) -> None:
         timed("fla causal_conv1d")
     elif not a.compare_conv:
         timed("torch conv fallback")
-    if a.compare_norms:
-        timed(f"the same with Transformers' {len(norm_modules(model))} RMSNorms", norm_kernels=False)
+    if a.compare_layer_kernels:
+        every = kernel_modules(model)
+        norms = [m for m in every if norm_form(m) is not None]
+        with fused_modules(norms):  # the forward's own switch off: only the norms' kernels run
+            timed(f"the same with Transformers' {len(every) - len(norms)} gated MLPs", layer_kernels=False)
+        timed(f"the same with Transformers' {len(norms)} norms and gated MLPs too", layer_kernels=False)
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         torch.cuda.synchronize()
         start = time.perf_counter()

@@ -11,9 +11,9 @@ import torch
 from draftsmith.core.runtime import sync_device
 from draftsmith.engine.engine import PREFILL_TOKENS, Engine, RegenStats, left_pad
 from draftsmith.engine.kernels import available, self_check
+from draftsmith.target.fusion import failures as fusion_failures
+from draftsmith.target.fusion import fused_modules, kernel_modules
 from draftsmith.target.layers import body
-from draftsmith.target.norms import failure as norm_failure
-from draftsmith.target.norms import fused_norms, norm_modules
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,11 @@ def hf_generate(
 
 def bare_forward_s(model, prompts: list[list[int]]) -> float:
     """Seconds of the decoder stack's forward alone on these prompts (no cache, no LM head: what extraction
-    runs, its RMSNorm kernels included, also where an engine row ran without them), warm: the same call once
+    runs, its layer kernels included, also where an engine row ran without them), warm: the same call once
     before the timed one."""
     device = next(model.parameters()).device
     ids = torch.tensor(prompts, device=device)
-    with torch.inference_mode(), fused_norms(norm_modules(model)):
+    with torch.inference_mode(), fused_modules(kernel_modules(model)):
         for _ in range(2):
             sync_device(device)
             t0 = time.perf_counter()
@@ -76,7 +76,7 @@ def _timed_engine(
     pow2_groups: bool = True,
     min_refill: int = 1,
     packed: bool = False,
-    norms: bool = True,
+    layer_kernels: bool = True,
 ) -> tuple[Engine, list[list[int]], RegenStats]:
     """One engine run after a one-prompt warm-up (kernels, autotuning, allocator, graph capture)."""
     device = next(model.parameters()).device
@@ -91,7 +91,7 @@ def _timed_engine(
         pow2_groups=pow2_groups,
         min_refill=min_refill,
         packed=packed,
-        norm_kernels=norms,
+        layer_kernels=layer_kernels,
     )
     engine.run(prompts[:1], 8, progress=False)  # every step runs all slots, so this warms the full batch
     sync_device(device)
@@ -285,8 +285,9 @@ def _engine_figures(engine: Engine, stats: RegenStats, answers: list[list[int]],
         "batch": batch,
         "cuda_graph": engine.cuda_graph,
         "fused_kernels": engine.fused,
-        "norm_kernels": engine.norm_kernels,
-        "norm_kernel_failure": norm_failure(),  # the kernel gave up in this process: Transformers' norms ran
+        "layer_kernels": engine.layer_kernels,
+        # a kind of kernel gave up in this process: Transformers' forwards ran instead
+        "layer_kernel_failures": fusion_failures(),
         "new_tokens_per_s": stats.new_tokens_per_s,
         "decode_tokens_per_s": stats.decode_tokens_per_s,
         "seconds": stats.seconds,
@@ -328,7 +329,7 @@ def _engine_row(
     max_len: int,
     graph: bool,
     fused: bool,
-    norms: bool = True,
+    layer_kernels: bool = True,
     pow2_groups: bool,
     min_refill: int,
     packed: bool = False,
@@ -347,7 +348,7 @@ def _engine_row(
             max_len=max_len,
             graph=graph,
             fused=fused,
-            norms=norms,
+            layer_kernels=layer_kernels,
             pow2_groups=pow2_groups,
             min_refill=min_refill,
             packed=packed,
@@ -362,7 +363,8 @@ def _engine_row(
         row["answers_equal_first"] = sum(a == e for a, e in zip(answers, first_answers)) / len(answers)
     graph, fused = engine.cuda_graph, engine.fused  # off where there is no GPU
     log(
-        f"engine  batch {batch:4d} graph {graph!s:5} fused {fused!s:5} norms {engine.norm_kernels!s:5}: "
+        f"engine  batch {batch:4d} graph {graph!s:5} fused {fused!s:5} "
+        f"layer kernels {engine.layer_kernels!s:5}: "
         f"{row['new_tokens_per_s']:7.0f} new "
         f"tok/s end to end, {row['decode_tokens_per_s']:7.0f} decoding ({stats.steps} steps of "
         f"{row['step_ms']:.1f} ms, prefill {stats.prefill_seconds:.1f}s of {stats.seconds:.1f}s, cache "
@@ -380,12 +382,12 @@ def _engine_row(
 
 
 def kernel_variants(
-    batch: int, *, plain_norm_batches: tuple[int, ...], unfused_batches: tuple[int, ...]
+    batch: int, *, plain_layer_batches: tuple[int, ...], unfused_batches: tuple[int, ...]
 ) -> list[tuple[bool, bool]]:
-    """(Triton decode kernels, norm kernels) to time at `batch`: both on, then the A/Bs the flags ask for
-    there (Transformers' norms; neither)."""
+    """(Triton decode kernels, layer kernels) to time at `batch`: both on, then the A/Bs the flags ask for
+    there (Transformers' norms and MLPs; neither)."""
     variants = [(True, True)]
-    variants += [(True, False)] if batch in plain_norm_batches else []
+    variants += [(True, False)] if batch in plain_layer_batches else []
     variants += [(False, False)] if batch in unfused_batches else []
     return variants
 
@@ -401,7 +403,7 @@ def engine_rows(
     graphs: tuple[bool, ...],
     eager_batches: tuple[int, ...] | None,
     unfused_batches: tuple[int, ...],
-    plain_norm_batches: tuple[int, ...] = (),
+    plain_layer_batches: tuple[int, ...] = (),
     spread_engine: bool,
     seed: int,
     pow2_groups: bool,
@@ -417,10 +419,10 @@ def engine_rows(
     for b in batch_sizes:
         first_answers = None
         timed = [graph for graph in graphs if graph or eager_batches is None or b in eager_batches]
-        kernels = kernel_variants(b, plain_norm_batches=plain_norm_batches, unfused_batches=unfused_batches)
+        kernels = kernel_variants(b, plain_layer_batches=plain_layer_batches, unfused_batches=unfused_batches)
         # the unfused A/B runs at every graph setting, the others where eager_batches lets them
         variants = [(graph, f, n) for f, n in kernels for graph in (timed if f else graphs)]
-        for graph, fused, norms in variants:
+        for graph, fused, layer_kernels in variants:
             if graph and not graph_ok:
                 continue
             row, answers = _engine_row(
@@ -431,7 +433,7 @@ def engine_rows(
                 max_len=max_len,
                 graph=graph,
                 fused=fused,
-                norms=norms,
+                layer_kernels=layer_kernels,
                 pow2_groups=pow2_groups,
                 min_refill=min_refill,
                 packed=packed,
@@ -501,7 +503,7 @@ def bench(
     generate_waves: int = 1,
     spread: bool = False,
     unfused_batches: tuple[int, ...] = (),
-    plain_norm_batches: tuple[int, ...] = (),
+    plain_layer_batches: tuple[int, ...] = (),
     eager_batches: tuple[int, ...] | None = None,
     seed: int = 0,
     pow2_groups: bool = True,
@@ -514,11 +516,11 @@ def bench(
     """New tokens/s of the engine at each slot count (prompts = slots x waves, answers of fixed length: EOS
     off), end to end (prefill included) and for the decode loop alone, eager (only at `eager_batches` if
     given) and as a CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode
-    kernels, and at `plain_norm_batches` with Transformers' RMSNorms instead of one kernel each (their A/B);
-    then `generate` and the engine on the very same prompts and answer lengths at the
-    `generate_batches` sizes (see same_prompts). `spread_engine` gives the engine rows answer lengths from 1/8
-    to all of `new_tokens`, and `again` reruns each of them on the warm engine. Plus a greedy agreement check
-    of the first `check_tokens` tokens against `generate` at batch 1."""
+    kernels, and at `plain_layer_batches` with Transformers' RMSNorms and gated MLPs instead of
+    target.fusion's kernels (their A/B); then `generate` and the engine on the very same prompts and answer
+    lengths at the `generate_batches` sizes (see same_prompts). `spread_engine` gives the engine rows answer
+    lengths from 1/8 to all of `new_tokens`, and `again` reruns each of them on the warm engine. Plus a greedy
+    agreement check of the first `check_tokens` tokens against `generate` at batch 1."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     top = max(
@@ -540,7 +542,7 @@ def bench(
         graphs=graphs,
         eager_batches=eager_batches,
         unfused_batches=unfused_batches,
-        plain_norm_batches=plain_norm_batches,
+        plain_layer_batches=plain_layer_batches,
         spread_engine=spread_engine,
         seed=seed,
         pow2_groups=pow2_groups,

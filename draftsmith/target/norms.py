@@ -3,8 +3,8 @@
 Transformers writes an RMSNorm as a chain of torch operations (a cast to fp32, a square, a mean, an add, a
 reciprocal square root, two multiplies, casts back): each its own kernel with an fp32 intermediate the size of
 the input. Those chains are most of a decode step's small kernels (docs/measurements.md), and in a long
-prefill each link reads and writes the whole activation again. `fused_norms(norms)` swaps
-one kernel in for each norm module's forward while it is active: it reads the row once, keeps every
+prefill each link reads and writes the whole activation again. `fused_forward` is one kernel for a norm
+module's forward (target.fusion swaps it in): it reads the row once, keeps every
 intermediate in registers and rounds to x's dtype where Transformers does. In fp32 they still differ by a few
 rounding steps (the squares are summed in another order, and the reciprocal square root, exp and division
 are the GPU's fast ones), which seldom moves a bf16 result by one step.
@@ -19,11 +19,9 @@ Three forms, by class (anything else keeps its own forward):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
-from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -48,7 +46,6 @@ _FORMS = {
     **dict.fromkeys(("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"), GATED),
 }
 log = logging.getLogger(__name__)
-OFF_ENV = "DRAFTSMITH_NORM_KERNELS"
 _MAX_TILE = 8192  # elements a program holds: wider rows keep Transformers' forward
 _ROWS_TILE = 4096  # elements a program takes when rows are short (several rows a program)
 
@@ -69,36 +66,10 @@ def _eps(module: nn.Module) -> float | None:
     return None
 
 
-def norm_modules(model: nn.Module) -> list[nn.Module]:
-    """Every norm of `model` that `fused_norms` can swap: not those whose forward someone else wrapped
-    already (accelerate's hooks on a model spread over GPUs), which keep that forward; none where
-    DRAFTSMITH_NORM_KERNELS=0 (every job then runs Transformers' norms)."""
-    if os.environ.get(OFF_ENV) == "0":
-        return []
-    return [m for m in model.modules() if norm_form(m) is not None and "forward" not in vars(m)]
-
-
-@contextlib.contextmanager
-def fused_norms(norms: list[nn.Module] | None) -> Iterator[int]:
-    """While active, each module of `norms` runs the fused kernel on CUDA tensors (and on CPU tensors where
-    Triton runs interpreted, TRITON_INTERPRET=1 as Triton was imported: the tests); yields how many were
-    swapped."""
-    swapped = []
-    try:
-        for module in norms or ():
-            if "forward" not in vars(module):
-                module.forward = _fused_forward(module, module.forward)
-                swapped.append((module, module.forward))
-        yield len(swapped)
-    finally:
-        for module, ours in swapped:
-            if vars(module).get("forward") is ours:  # not another wrapper installed meanwhile
-                del module.forward
-
-
-def _fused_forward(module: nn.Module, original):
+def fused_forward(module: nn.Module, original):
+    """A forward for `module` (one `norm_form` knows) that runs the kernel where it can."""
     form, eps, weight = norm_form(module), _eps(module), module.weight
-    assert form is not None and eps is not None and isinstance(weight, torch.Tensor)  # norm_modules chose it
+    assert form is not None and eps is not None and isinstance(weight, torch.Tensor)  # chosen by norm_form
 
     def forward(hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         args = (hidden_states,) if gate is None else (hidden_states, gate)

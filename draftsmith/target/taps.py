@@ -4,8 +4,8 @@ Convention (DFlash / z-lab): tap id i is the output of decoder layer i, which is
 `hidden_states[i + 1]` (index 0 holds the embeddings; the last entry comes after the final norm). We read taps
 with forward hooks on the decoder layers instead of `output_hidden_states`, because hooks let the forward stop
 after the deepest tap (no later layers, no LM head over a huge vocabulary) and keep only the layers we need.
-On a GPU the forward's RMSNorms run as one kernel each (target.norms); validation's reference path keeps
-Transformers' own.
+On a GPU the forward's RMSNorms and gated MLP products run as one kernel each (target.fusion); validation's
+reference path keeps Transformers' own.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from draftsmith.config import taps_out_of_range
+from draftsmith.target.fusion import fused_modules, kernel_modules
 from draftsmith.target.layers import body, decoder_layers
-from draftsmith.target.norms import fused_norms, norm_modules
 
 
 class _StopForward(Exception):
@@ -58,13 +58,13 @@ def forward_taps(
     attention_mask: torch.Tensor | None,
     taps: list[int],
     *,
-    norm_kernels: bool = True,
+    layer_kernels: bool = True,
     **kwargs,
 ) -> torch.Tensor:
     """Runs the body only (no logits, no cache) and returns the taps concatenated: [B, T, len(taps) * H].
-    `norm_kernels`: RMSNorms as one kernel each where they run on a GPU (off: Transformers' chains)."""
-    norms = norm_modules(model) if norm_kernels else None
-    with capture(model, taps) as store, fused_norms(norms):
+    `layer_kernels`: target.fusion's kernels where they run on a GPU (off: Transformers' forwards)."""
+    modules = kernel_modules(model) if layer_kernels else None
+    with capture(model, taps) as store, fused_modules(modules):
         try:
             body(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
         except _StopForward:

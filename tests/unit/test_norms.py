@@ -4,29 +4,24 @@ CPU and on a GPU, that the kernel computes what Transformers computes."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import compile_for_h200, tiny_model
 
-from draftsmith.target.norms import (
-    GATED,
-    WEIGHTED,
-    ZERO_CENTRED,
-    fused_norms,
-    norm_form,
-    norm_modules,
-    rms_norm,
-)
+from draftsmith.target.fusion import fused_modules, kernel_modules
+from draftsmith.target.norms import GATED, WEIGHTED, ZERO_CENTRED, norm_form, rms_norm
 
 VOCAB = 97
 HERE = Path(__file__).resolve().parent
+
+
+def norm_modules(model) -> list:
+    return [m for m in kernel_modules(model) if norm_form(m) is not None]
+
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel compiles for a GPU")
 
 
@@ -40,12 +35,13 @@ def test_every_rmsnorm_of_a_hybrid_and_an_attention_target_is_found_with_its_for
 
 
 def test_the_environment_can_turn_the_kernels_off_for_every_job(monkeypatch):
-    """The engine and the extraction forward both take their norms from norm_modules."""
-    monkeypatch.setenv("DRAFTSMITH_NORM_KERNELS", "0")
+    """The engine and the extraction forward both take their modules from kernel_modules: 14 norms and 4
+    gated MLPs here."""
+    monkeypatch.setenv("DRAFTSMITH_LAYER_KERNELS", "0")
     model = tiny_model("hybrid", VOCAB, layers=4)
-    assert norm_modules(model) == []
-    monkeypatch.setenv("DRAFTSMITH_NORM_KERNELS", "1")
-    assert len(norm_modules(model)) == 14
+    assert kernel_modules(model) == []
+    monkeypatch.setenv("DRAFTSMITH_LAYER_KERNELS", "1")
+    assert len(kernel_modules(model)) == 14 + 4
 
 
 def test_swapped_forwards_are_restored_and_cpu_tensors_keep_transformers_forward():
@@ -56,39 +52,24 @@ def test_swapped_forwards_are_restored_and_cpu_tensors_keep_transformers_forward
     ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = model(ids).logits
-        with fused_norms(found) as swapped:
+        with fused_modules(found) as swapped:
             assert swapped == len(found) and all("forward" in vars(m) for m in found)
             got = model(ids).logits
         assert torch.equal(got, want)
         assert all("forward" not in vars(m) for m in found)
-        with pytest.raises(RuntimeError, match="inside"), fused_norms(found):
+        with pytest.raises(RuntimeError, match="inside"), fused_modules(found):
             raise RuntimeError("inside")
     assert all("forward" not in vars(m) for m in found)
-    with fused_norms(None) as swapped:
+    with fused_modules(None) as swapped:
         assert swapped == 0
 
 
-@pytest.fixture(scope="module")
-def interpreted() -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed (the dev extra installs it on Linux x86-64)")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(HERE.parents[1])}
-    run = subprocess.run(
-        [sys.executable, str(HERE / "interpreted_norms.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-# (dtype, rounding steps of one norm's result, fraction of its elements that may differ, relative
-# difference of the taps): fp32 differs only by a few steps (sum order, fast exp and rsqrt); float16, which
-# the interpreter rounds to nearest as a GPU does, shows where the kernel rounds (a rounding left out moves a
-# quarter of the elements); bfloat16 the interpreter rounds toward zero, so there only the size is checked
-INTERPRETED = (("float32", 4.0, 1.0, 1e-5), ("float16", 1.0, 0.01, 1e-3), ("bfloat16", 3.0, 1.0, 0.02))
+# (dtype, rounding steps of one norm's result in eps x |value|, fraction of its elements that may differ,
+# relative difference of the taps): fp32 differs only by a few steps (sum order, fast exp and rsqrt); float16,
+# which the interpreter rounds to nearest as a GPU does, shows where the kernel rounds (one unit in the last
+# place, up to 2 eps x |value| just above a power of two, on a few elements; a rounding left out moves a
+# quarter of them); bfloat16 the interpreter rounds toward zero, so there only the size is checked
+INTERPRETED = (("float32", 4.0, 1.0, 1e-5), ("float16", 2.0, 0.01, 1e-3), ("bfloat16", 3.0, 1.0, 0.02))
 
 
 @pytest.mark.parametrize("kind", ["hybrid", "attention"])
@@ -123,7 +104,8 @@ def test_the_kernel_under_triton_s_interpreter_computes_transformers_norms(inter
 def test_the_kernel_on_a_gpu_rounds_where_transformers_rounds(form, weight_dtype):
     """bf16 inputs on a GPU, read in place from strided rows: at most one bf16 step apart, on at most 1% of
     the elements (fp32 sums of squares in another order can move a value across a rounding
-    boundary, seldom). An fp32 weight makes Llama's norm return fp32, and the kernel too."""
+    boundary, seldom). An fp32 weight makes Llama's norm return fp32, and the kernel too: there nothing
+    rounds the sums' order away, so a few fp32 steps (4, as under the interpreter) on any element."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5RMSNormGated
 
@@ -145,8 +127,11 @@ def test_the_kernel_on_a_gpu_rounds_where_transformers_rounds(form, weight_dtype
         )
     assert got.dtype == want.dtype and got.shape == want.shape
     step = torch.finfo(want.dtype).eps * want.float().abs().clamp_min(1e-30)
-    assert bool(((got.float() - want.float()).abs() <= step).all())
-    assert float((got != want).float().mean()) <= 0.01
+    if want.dtype == torch.float32:
+        assert bool(((got - want).abs() <= 4 * step).all())
+    else:
+        assert bool(((got.float() - want.float()).abs() <= step).all())
+        assert float((got != want).float().mean()) <= 0.01
 
 
 def test_a_kernel_that_cannot_run_leaves_transformers_norms_in_place(monkeypatch, caplog):
@@ -163,7 +148,7 @@ def test_a_kernel_that_cannot_run_leaves_transformers_norms_in_place(monkeypatch
     ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = model(ids).logits
-        with caplog.at_level("WARNING", logger="draftsmith.target.norms"), fused_norms(norm_modules(model)):
+        with caplog.at_level("WARNING", logger="draftsmith.target.norms"), fused_modules(norm_modules(model)):
             got = model(ids).logits
     assert torch.equal(got, want)
     assert norms._failed and sum("RMSNorm kernel failed" in r.message for r in caplog.records) == 1
@@ -203,7 +188,7 @@ def test_norms_wrapped_by_accelerate_keep_their_hooks():
     found = norm_modules(model)
     assert hooked not in found and len(found) == 4 * 2 + 2 + 3
     later = norm_modules(model)[0]
-    with fused_norms(found):
+    with fused_modules(found):
         assert vars(hooked)["forward"] is not None
         add_hook_to_module(later, ModelHook())  # someone wraps a swapped module meanwhile
         theirs = vars(later)["forward"]

@@ -1,6 +1,7 @@
-"""Run by test_norms.py in a process of its own with TRITON_INTERPRET=1 (Triton picks its interpreter as it
-is imported): the fused RMSNorm kernel on CPU tensors through Triton's interpreter against Transformers' own
-forwards. Prints one JSON object of figures for the test to judge."""
+"""Run once a test session (conftest's `interpreted` fixture) in a process of its own with
+TRITON_INTERPRET=1 (Triton picks its interpreter as it is imported): target.fusion's kernels (RMSNorms, the
+gated MLP's SiLU and product) on CPU tensors through Triton's interpreter against Transformers' own forwards.
+Prints one JSON object of figures for test_norms.py and test_gated_mlp.py to judge."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.target import norms
-from draftsmith.target.norms import fused_norms, norm_modules
+from draftsmith.target import gated_mlp, norms
+from draftsmith.target.fusion import fused_modules, kernel_modules
 from draftsmith.target.taps import forward_taps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest's tiny targets
 from conftest import tiny_model  # noqa: E402
 
 VOCAB = 97
+
+
+def norm_modules(model) -> list:
+    return [m for m in kernel_modules(model) if norms.norm_form(m) is not None]
 
 
 def _randomize_norms(model) -> None:
@@ -60,7 +65,7 @@ def _forward_taps(model, ids: torch.Tensor) -> dict:
     taps = [1, 2]
     with torch.no_grad():
         with _Counted() as plain_calls:
-            plain = forward_taps(model, ids, None, taps, norm_kernels=False)
+            plain = forward_taps(model, ids, None, taps, layer_kernels=False)
         with _Counted() as calls:
             fused = forward_taps(model, ids, None, taps)
     return {"calls": len(calls), "plain_calls": len(plain_calls), "rel": _relative([fused], [plain])}
@@ -70,7 +75,7 @@ def _whole_model(model, ids: torch.Tensor) -> dict:
     """Every hidden state with and without the kernels, and the forms of the kernel's calls."""
     with torch.no_grad():
         want = model(ids, output_hidden_states=True).hidden_states
-        with _Counted() as calls, fused_norms(norm_modules(model)) as swapped:
+        with _Counted() as calls, fused_modules(norm_modules(model)) as swapped:
             got = model(ids, output_hidden_states=True).hidden_states
     return {
         "swapped": swapped,
@@ -88,13 +93,53 @@ def _one_module(m, dtype: torch.dtype, g: torch.Generator) -> dict:
     args = (x, torch.randn(x.shape, generator=g).to(dtype)) if norms.norm_form(m) == norms.GATED else (x,)
     with torch.no_grad():
         ref = m(*args)
-        with fused_norms([m]):
+        with fused_modules([m]):
             mine = m(*args)
     return {
         "steps": _steps(mine, ref),
         "differ": float((mine != ref).float().mean()),
         "dtype_same": mine.dtype == ref.dtype,
         "strided": x.reshape(-1, n).data_ptr() == x.data_ptr() and x.reshape(-1, n).stride(0) == 2 * n,
+    }
+
+
+def _mlps(model, ids: torch.Tensor, dtype: torch.dtype, g: torch.Generator) -> dict:
+    """Each gated MLP alone (activations at the scale of a trained model's), and the whole model with only
+    the MLPs swapped: its hidden states against Transformers'."""
+    mlps = [m for m in kernel_modules(model) if gated_mlp.is_gated_mlp(m)]
+    rel = 0.0  # relative, not in rounding steps: the down projection sums some outputs to near zero
+    with torch.no_grad():
+        for m in mlps:
+            x = (3 * torch.randn(2, 33, m.gate_proj.in_features, generator=g)).to(dtype)
+            ref = m(x)
+            with fused_modules([m]):
+                mine = m(x)
+            rel = max(rel, _relative([mine], [ref]))
+        want = model(ids, output_hidden_states=True).hidden_states
+        with fused_modules(mlps) as swapped:
+            got = model(ids, output_hidden_states=True).hidden_states
+    return {
+        "mlps": len(mlps),
+        "swapped": swapped,
+        "rel": rel,
+        "hidden_rel": _relative(got, want),
+        "restored": all("forward" not in vars(m) for m in mlps),
+    }
+
+
+def _silu_mul(dtype: torch.dtype, g: torch.Generator) -> dict:
+    """The kernel alone against torch's two kernels, over an odd number of elements (a partial last block),
+    written over its gate input as the MLP's forward does."""
+    gate = (4 * torch.randn(3, 2500, generator=g)).to(dtype)
+    up = torch.randn(3, 2500, generator=g).to(dtype)
+    want = torch.nn.functional.silu(gate) * up
+    got = gated_mlp.silu_mul(gate.clone(), up)
+    over = gate.clone()
+    same = gated_mlp.silu_mul(over, up, out=over)
+    return {
+        "steps": _steps(got, want),
+        "differ": float((got != want).float().mean()),
+        "in_place": same.data_ptr() == over.data_ptr() and torch.equal(same, got),
     }
 
 
@@ -110,8 +155,10 @@ def main() -> None:
             ids = torch.randint(1, VOCAB, (3, 21), generator=g)
             out[name] = _whole_model(model, ids)
             out[f"{name}_forward_taps"] = _forward_taps(model, ids)
+            out[f"mlp_{name}"] = _mlps(model, ids, dtype, g)
             for m in norm_modules(model):
                 out[f"{name}_{type(m).__name__}"] = _one_module(m, dtype, g)
+        out[f"silu_mul_{str(dtype).split('.')[-1]}"] = _silu_mul(dtype, g)
     print(json.dumps(out))
 
 
