@@ -126,12 +126,13 @@ def test_the_kernel_on_a_gpu_rounds_where_transformers_rounds(form, weight_dtype
             gate=gate,
         )
     assert got.dtype == want.dtype and got.shape == want.shape
-    step = torch.finfo(want.dtype).eps * want.float().abs().clamp_min(1e-30)
-    if want.dtype == torch.float32:
-        assert bool(((got - want).abs() <= 4 * step).all())
-    else:
-        assert bool(((got.float() - want.float()).abs() <= step).all())
-        assert float((got != want).float().mean()) <= 0.01
+    # one step of x's dtype (where both round the normed row before the weight), on at most 1% of elements;
+    # an fp32 result differs elsewhere by a few fp32 steps at most
+    step = torch.finfo(x.dtype).eps * want.float().abs().clamp_min(1e-30)
+    diff = (got.float() - want.float()).abs()
+    assert bool((diff <= step).all())
+    fine = 4 * torch.finfo(torch.float32).eps * want.abs() if want.dtype == torch.float32 else 0.0
+    assert float((diff > fine).float().mean()) <= 0.01
 
 
 def test_a_kernel_that_cannot_run_leaves_transformers_norms_in_place(monkeypatch, caplog):
