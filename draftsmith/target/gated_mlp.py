@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import os
 import re
 from typing import Any
@@ -23,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
 _GATED_PRODUCT = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
 _SILU = ("SiLUActivation", "SiLU")  # Transformers' ACT2FN["silu"] and torch's module
 _BLOCK = 2048  # elements a program takes
@@ -59,22 +57,16 @@ def is_gated_mlp(module: nn.Module) -> bool:
 
 
 def fused_forward(module: nn.Module, original):
-    """A forward for `module` (chosen by `is_gated_mlp`) that runs the SiLU and product as one kernel."""
+    """A forward for `module` (chosen by `is_gated_mlp`) that runs the SiLU and product as one kernel where it
+    computes what `original` would, and `original` elsewhere."""
     gate_proj, up_proj, down_proj = module.gate_proj, module.up_proj, module.down_proj
     assert isinstance(gate_proj, nn.Linear) and isinstance(up_proj, nn.Linear)  # is_gated_mlp chose it
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if _failed or not _fits(x, gate_proj.weight):
+        if not _fits(x, gate_proj.weight):
             return original(x)
         gate, up = gate_proj(x), up_proj(x)  # [..., intermediate] each, new contiguous tensors
-        try:
-            product = silu_mul(gate, up, out=gate)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a kernel that cannot compile here must not stop the job
-            _give_up(e)
-            product = module.act_fn(gate) * up
-        return down_proj(product)
+        return down_proj(silu_mul(gate, up, out=gate))
 
     return forward
 
@@ -87,24 +79,6 @@ def _fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dtype in _DTYPES
         and weight.dtype == x.dtype
     )
-
-
-_failed: list[str] = []  # why the kernel could not run in this process, once it could not
-
-
-def failure() -> str | None:
-    """Why the kernel stopped running in this process (torch's SiLU and product run instead), or None."""
-    return _failed[0] if _failed else None
-
-
-def _give_up(error: Exception) -> None:
-    if not _failed:
-        log.warning(
-            "gated MLP kernel failed (%s: %s); torch's SiLU and product run instead",
-            type(error).__name__,
-            error,
-        )
-        _failed.append(repr(error))
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -20,7 +20,6 @@ Three forms, by class (anything else keeps its own forward):
 from __future__ import annotations
 
 import functools
-import logging
 import os
 
 import torch
@@ -45,7 +44,6 @@ _FORMS = {
     ),
     **dict.fromkeys(("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"), GATED),
 }
-log = logging.getLogger(__name__)
 _MAX_TILE = 8192  # elements a program holds: wider rows keep Transformers' forward
 _ROWS_TILE = 4096  # elements a program takes when rows are short (several rows a program)
 
@@ -67,21 +65,15 @@ def _eps(module: nn.Module) -> float | None:
 
 
 def fused_forward(module: nn.Module, original):
-    """A forward for `module` (one `norm_form` knows) that runs the kernel where it can."""
+    """A forward for `module` (one `norm_form` knows) that runs the kernel where it computes what `original`
+    would, and `original` elsewhere."""
     form, eps, weight = norm_form(module), _eps(module), module.weight
     assert form is not None and eps is not None and isinstance(weight, torch.Tensor)  # chosen by norm_form
 
     def forward(hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        args = (hidden_states,) if gate is None else (hidden_states, gate)
-        if _failed or not _fits(hidden_states, weight, gate, gated=form == GATED):
-            return original(*args)
-        try:
-            return rms_norm(hidden_states, weight, eps, form=form, gate=gate)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a kernel that cannot compile here must not stop the job
-            _give_up(e)
-            return original(*args)
+        if not _fits(hidden_states, weight, gate, gated=form == GATED):
+            return original(hidden_states) if gate is None else original(hidden_states, gate)
+        return rms_norm(hidden_states, weight, eps, form=form, gate=gate)
 
     return forward
 
@@ -101,22 +93,6 @@ def _fits(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, *, g
     if gated:  # the weighted part is rounded to x's dtype only where the weight has it too
         ok = ok and gate is not None and gate.shape == x.shape and weight.dtype == x.dtype
     return ok and (gated or gate is None)
-
-
-_failed: list[str] = []  # why the kernel could not run in this process, once it could not
-
-
-def failure() -> str | None:
-    """Why the kernel stopped running in this process (Transformers' norms run instead), or None."""
-    return _failed[0] if _failed else None
-
-
-def _give_up(error: Exception) -> None:
-    if not _failed:
-        log.warning(
-            "RMSNorm kernel failed (%s: %s); Transformers' norms run instead", type(error).__name__, error
-        )
-        _failed.append(repr(error))
 
 
 def rms_norm(
