@@ -45,13 +45,15 @@ def fused_modules(modules: list[nn.Module] | None) -> Iterator[int]:
     swapped = []
     try:
         for module in modules or ():
-            if "forward" not in vars(module):
-                is_norm = norms.norm_form(module) is not None
-                kind, make = (
-                    ("RMSNorm", norms.fused_forward) if is_norm else ("gated MLP", gated_mlp.fused_forward)
-                )
-                module.forward = _guarded(kind, make(module, module.forward), module.forward)
-                swapped.append((module, module.forward))
+            if "forward" in vars(module):
+                continue
+            if norms.norm_form(module) is not None:
+                module.forward = norms.fused_forward(module, module.forward, _guard("RMSNorm"))
+            elif gated_mlp.is_gated_mlp(module):
+                module.forward = gated_mlp.fused_forward(module, module.forward, _guard("gated MLP"))
+            else:
+                continue  # nothing of ours computes it
+            swapped.append((module, module.forward))
         yield len(swapped)
     finally:
         for module, ours in swapped:
@@ -59,14 +61,16 @@ def fused_modules(modules: list[nn.Module] | None) -> Iterator[int]:
                 del module.forward
 
 
-def _guarded(kind: str, ours, original):
-    """`ours`, until a kernel of `kind` fails in this process (a Triton that cannot compile it on some
-    machine): then one warning, and `original` from that call on. Out of memory is the caller's to handle."""
+def _guard(kind: str):
+    """Runs a kernel's launch until a kernel of `kind` fails in this process (a Triton that cannot compile it
+    on some machine): then one warning, and the fallback from that call on. Only the launch is guarded: the
+    module's own work (projections, Transformers' forward) raises as it would; so does running out of
+    memory."""
 
-    def forward(*args, **kwargs):
+    def run(launch, fallback):
         if kind not in _failed:
             try:
-                return ours(*args, **kwargs)
+                return launch()
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:  # noqa: BLE001 - a kernel that cannot compile here must not stop the job
@@ -74,9 +78,9 @@ def _guarded(kind: str, ours, original):
                     "%s kernel failed (%s: %s); Transformers' forward runs instead", kind, type(e).__name__, e
                 )
                 _failed[kind] = repr(e)
-        return original(*args, **kwargs)
+        return fallback()
 
-    return forward
+    return run
 
 
 def failures() -> list[str]:

@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 _GATED_PRODUCT = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
-_SILU = ("SiLUActivation", "SiLU")  # Transformers' ACT2FN["silu"] and torch's module
 _BLOCK = 2048  # elements a program takes
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -44,46 +43,73 @@ def _forward_is_gated_product(cls: Any) -> bool:
     return len(body) == 2 and body[0] == f"{name} = {_GATED_PRODUCT}" and body[1] == f"return {name}"
 
 
+def _silu_forwards() -> tuple:
+    from transformers.activations import SiLUActivation
+
+    return (nn.SiLU.forward, SiLUActivation.forward)
+
+
 def is_gated_mlp(module: nn.Module) -> bool:
-    """Whether `module` is a SiLU-gated MLP whose forward this file can run."""
+    """Whether `module` is a SiLU-gated MLP whose forward this file can run: the activation's own forward
+    (the class's, not the name's) must be torch's or Transformers' SiLU."""
     parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
     act = getattr(module, "act_fn", None)
     return (
         all(isinstance(p, nn.Linear) for p in parts)
-        and type(act).__name__ in _SILU
+        and isinstance(act, nn.Module)
+        and type(act).forward in _silu_forwards()
         and "forward" not in vars(act)
         and _forward_is_gated_product(type(module))  # type: ignore[arg-type]  # classes hash
     )
 
 
-def fused_forward(module: nn.Module, original):
+def fused_forward(module: nn.Module, original, guard):
     """A forward for `module` (chosen by `is_gated_mlp`) that runs the SiLU and product as one kernel where it
-    computes what `original` would, and `original` elsewhere."""
-    gate_proj, up_proj, down_proj = module.gate_proj, module.up_proj, module.down_proj
+    computes what `original` would, and `original` elsewhere. `guard(launch, fallback)` runs the launch, or
+    the fallback once the kernel has failed in this process (target.fusion)."""
+    gate_proj, up_proj, down_proj, act = module.gate_proj, module.up_proj, module.down_proj, module.act_fn
     assert isinstance(gate_proj, nn.Linear) and isinstance(up_proj, nn.Linear)  # is_gated_mlp chose it
+    assert isinstance(act, nn.Module)
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        if not _fits(x, gate_proj.weight):
-            return original(x)
-        gate, up = gate_proj(x), up_proj(x)  # [..., intermediate] each, new contiguous tensors
-        return down_proj(silu_mul(gate, up, out=gate))
+    def forward(*args, **kwargs) -> torch.Tensor:
+        x = args[0] if len(args) == 1 and not kwargs else None
+        if x is None or not _fits(x, gate_proj.weight) or _hooked(act):
+            return original(*args, **kwargs)
+        gate, up = gate_proj(x), up_proj(x)  # [..., intermediate] each
+        if (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)) or not _launchable(
+            gate, up
+        ):
+            return down_proj(act(gate) * up)  # autograd follows torch's kernels, not ours
+        out = None if _hooked(gate_proj) else gate  # a hook may keep the projection's output: leave it be
+        return down_proj(guard(lambda: silu_mul(gate, up, out=out), lambda: act(gate) * up))
 
     return forward
 
 
 def _fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     on = x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
-    return (
-        on
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))  # no backward
-        and x.dtype in _DTYPES
-        and weight.dtype == x.dtype
+    return on and x.dtype in _DTYPES and weight.dtype == x.dtype
+
+
+def _launchable(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    return gate.shape == up.shape and gate.dtype == up.dtype and gate.is_contiguous() and up.is_contiguous()
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether a forward hook (the module's own or a global one) would see or change this module's call."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
     )
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """`silu(gate) * up` as torch computes it in gate's dtype, in one kernel; `out` may be `gate` itself."""
-    if gate.shape != up.shape or gate.dtype != up.dtype or not (gate.is_contiguous() and up.is_contiguous()):
+    if not _launchable(gate, up):
         raise ValueError(
             f"silu_mul needs contiguous tensors of one shape and dtype: {gate.shape}, {up.shape}"
         )

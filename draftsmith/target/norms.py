@@ -64,16 +64,19 @@ def _eps(module: nn.Module) -> float | None:
     return None
 
 
-def fused_forward(module: nn.Module, original):
+def fused_forward(module: nn.Module, original, guard):
     """A forward for `module` (one `norm_form` knows) that runs the kernel where it computes what `original`
-    would, and `original` elsewhere."""
+    would, and `original` elsewhere. `guard(launch, fallback)` runs the launch, or the fallback once the
+    kernel has failed in this process (target.fusion)."""
     form, eps, weight = norm_form(module), _eps(module), module.weight
     assert form is not None and eps is not None and isinstance(weight, torch.Tensor)  # chosen by norm_form
 
-    def forward(hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        if not _fits(hidden_states, weight, gate, gated=form == GATED):
-            return original(hidden_states) if gate is None else original(hidden_states, gate)
-        return rms_norm(hidden_states, weight, eps, form=form, gate=gate)
+    def forward(*args, **kwargs) -> torch.Tensor:
+        positional = not kwargs and len(args) in (1, 2)  # Transformers calls norms with x (and the gate)
+        x, gate = (args[0], args[1] if len(args) == 2 else None) if positional else (None, None)
+        if x is None or not _fits(x, weight, gate, gated=form == GATED):
+            return original(*args, **kwargs)
+        return guard(lambda: rms_norm(x, weight, eps, form=form, gate=gate), lambda: original(*args))
 
     return forward
 
@@ -82,7 +85,8 @@ def _fits(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, *, g
     """Whether the kernel computes this call as the module would; anything else goes to its own forward."""
     n = x.shape[-1]
     on = x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
-    on = on and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))  # no backward
+    trained = x.requires_grad or weight.requires_grad or (gate is not None and gate.requires_grad)
+    on = on and not (torch.is_grad_enabled() and trained)  # the kernel has no backward
     ok = (
         on
         and 0 < n <= _MAX_TILE

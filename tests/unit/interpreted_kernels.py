@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.target import gated_mlp, norms
-from draftsmith.target.fusion import fused_modules, kernel_modules
+from draftsmith.target.fusion import failures, fused_modules, kernel_modules
 from draftsmith.target.taps import forward_taps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest's tiny targets
@@ -107,6 +107,14 @@ def _mlps(model, ids: torch.Tensor, dtype: torch.dtype, g: torch.Generator) -> d
     """Each gated MLP alone (activations at the scale of a trained model's), and the whole model with only
     the MLPs swapped: its hidden states against Transformers'."""
     mlps = [m for m in kernel_modules(model) if gated_mlp.is_gated_mlp(m)]
+    launches = []
+    real = gated_mlp.silu_mul
+
+    def counted(*args, **kwargs):
+        launches.append(1)
+        return real(*args, **kwargs)
+
+    gated_mlp.silu_mul = counted
     rel = 0.0  # relative, not in rounding steps: the down projection sums some outputs to near zero
     with torch.no_grad():
         for m in mlps:
@@ -118,7 +126,9 @@ def _mlps(model, ids: torch.Tensor, dtype: torch.dtype, g: torch.Generator) -> d
         want = model(ids, output_hidden_states=True).hidden_states
         with fused_modules(mlps) as swapped:
             got = model(ids, output_hidden_states=True).hidden_states
+    gated_mlp.silu_mul = real
     return {
+        "launches": len(launches),
         "mlps": len(mlps),
         "swapped": swapped,
         "rel": rel,
@@ -159,6 +169,7 @@ def main() -> None:
             for m in norm_modules(model):
                 out[f"{name}_{type(m).__name__}"] = _one_module(m, dtype, g)
         out[f"silu_mul_{str(dtype).split('.')[-1]}"] = _silu_mul(dtype, g)
+    out["failures"] = failures()  # a kernel that failed would hand back to Transformers' exact forward
     print(json.dumps(out))
 
 

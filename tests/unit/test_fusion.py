@@ -54,3 +54,46 @@ def test_a_kernel_that_cannot_run_leaves_transformers_forward_in_place(
     assert len(calls) == 1  # tried once, then Transformers' forward for every later call
     assert [f.split(":")[0] for f in failures()] == [kind]
     assert sum(f"{kind} kernel failed" in r.message for r in caplog.records) == 1
+
+
+def test_a_caller_s_own_error_is_raised_and_leaves_the_kernels_on(monkeypatch):
+    """Only a kernel's launch is guarded: a wrong input raises Transformers' own error, and a keyword call
+    goes to Transformers' forward, neither turning a kind of kernel off."""
+    monkeypatch.setattr(fusion, "_failed", {})
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    model = tiny_model("attention", VOCAB, layers=1)
+    mlp, norm = model.model.layers[0].mlp, model.model.norm
+    with torch.no_grad(), fused_modules([mlp, norm]) as swapped:
+        assert swapped == 2
+        with pytest.raises(RuntimeError, match="shape"):
+            mlp(torch.randn(2, 5, mlp.gate_proj.in_features + 1))
+        x = torch.randn(2, 5, norm.weight.shape[0])
+        assert torch.equal(norm(hidden_states=x), norm.__class__.forward(norm, x))
+    assert failures() == []
+
+
+def test_the_extraction_forward_and_the_engine_run_the_mlp_kernel(monkeypatch):
+    """Nothing on these paths (tap hooks, Transformers' own recording) keeps the gated MLP on torch's kernels:
+    each MLP up to the deepest tap launches ours once."""
+    from draftsmith.engine.engine import Engine
+    from draftsmith.target.taps import forward_taps
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    launches = []
+
+    def counted(gate, up, out=None):
+        launches.append(gate.shape)
+        return torch.nn.functional.silu(gate) * up
+
+    monkeypatch.setattr(gated_mlp, "silu_mul", counted)
+    monkeypatch.setattr(fusion, "_failed", {})  # the norms' kernel may not run here: its fallback stays ours
+    model = tiny_model("hybrid", VOCAB, layers=4)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    forward_taps(model, ids, None, [0, 2])
+    assert len(launches) == 3  # layers 0..2; the forward stops after the deepest tap
+    launches.clear()
+    engine = Engine(model, slots=2, max_len=16, eos_ids=[])
+    # on a CPU the engine keeps Transformers' forwards; here the MLPs take ours
+    engine._kernel_modules = [m for m in kernel_modules(model) if gated_mlp.is_gated_mlp(m)]
+    engine.run([ids[0].tolist(), ids[1].tolist()], 2, progress=False)
+    assert len(launches) >= 4 * 2  # a prefill and at least one decode step through every layer

@@ -67,6 +67,7 @@ def test_the_kernel_under_triton_s_interpreter_computes_transformers_norms(inter
     """Each norm module alone on strided rows, the whole model, and the extraction forward: every norm goes
     through the kernel, every module gets its forward back, and the results are Transformers' within the
     rounding above."""
+    assert interpreted["failures"] == []  # a kernel that failed would hand back to Transformers' forward
     for dtype, most_steps, most_differ, most_rel in INTERPRETED:
         run = interpreted[f"{kind}_{dtype}"]
         assert run["restored"]
