@@ -3,10 +3,9 @@
 Builds a random-weight target of a preset shape on the GPU, times the bare body forward on a log-uniform
 length mix with Transformers' torch convolution fallback and then with fla's Triton causal conv (same batches,
 one run; with --compare-layer-kernels also with Transformers' gated MLPs, then its RMSNorms too, instead of
-target.fusion's kernels), and
-prints the top CUDA kernels of a profiled pass and its GPU time by kind of work (matmul,
-attention, the Gated DeltaNet chunk kernels, convolution, element-wise) against the pass's wall time, the
-rest being launch gaps and host work. A GPU tool: it reads what the benchmark alone does not say."""
+target.fusion's kernels), and prints the top CUDA kernels of a profiled pass and its GPU time by kind of work
+(matmul, attention, the Gated DeltaNet chunk kernels, convolution, element-wise) against the pass's wall time,
+the rest being launch gaps and host work. A GPU tool: it reads what the benchmark alone does not say."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ bench job died in the middle of one (docs/operations.md), so leave it off unless
 
 It also asks Triton to keep its autotuning results on disk beside the compiled kernels
 (TRITON_CACHE_AUTOTUNING, unless set): fla tunes its Gated DeltaNet kernels for every new shape in every
-process, so each extraction job on a node would otherwise pay again what the first one measured.
+process. Measured on the 27B shape, what a later job saves is mostly the compiled kernels, which Triton keeps
+anyway (docs/measurements.md); the tuning results cost nothing to keep.
 """
 
 import faulthandler
