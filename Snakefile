@@ -18,6 +18,14 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/demo.smk"
 include: "workflow/rules/target.smk"
 include: "workflow/rules/extract.smk"
+include: "workflow/rules/plan.smk"
+
+
+if ROUNDS > 1:
+
+    include: "workflow/rules/rounds.smk"
+
+
 include: "workflow/rules/train.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/study.smk"
@@ -26,7 +34,8 @@ include: "workflow/rules/study.smk"
 rule all:
     default_target: True
     input:
-        rules.dataset.input,
+        rules.dataset.input if ROUNDS == 1 else [],
+        rules.plan.output,
         rules.export.output.drafter,
         rules.report.output,
         rules.study.output if STUDY_SIZES else [],

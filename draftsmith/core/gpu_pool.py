@@ -91,6 +91,14 @@ def visible_gpus() -> list[int]:
     return [int(x) for x in table.split()] if table else []
 
 
+def gpu_names() -> list[str]:
+    """Names of the GPUs this process may use (for the plan's rates), without importing torch."""
+    ids = set(visible_gpus())
+    table = _nvidia_smi("index,name") or ""
+    rows = [line.split(",", 1) for line in table.strip().splitlines() if "," in line]
+    return [name.strip() for idx, name in rows if idx.strip().isdigit() and int(idx) in ids]
+
+
 def _nvidia_smi(fields: str) -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None

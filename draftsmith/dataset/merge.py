@@ -76,6 +76,7 @@ def merge(manifest_paths: list[str | Path], out_path: str | Path) -> dict:
                 "num_tokens": m["num_tokens"],
                 "loss_tokens": m["loss_tokens"],
                 "sample_tokens": m["sample_tokens"],
+                "sample_ids": m["sample_ids"],
                 "checksum": m["checksum"],
             }
         )

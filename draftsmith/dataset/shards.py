@@ -16,6 +16,7 @@ A merged dataset is a manifest that indexes shard files; training reads them mem
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -97,6 +98,19 @@ def shard_bytes(tokens: int, num_samples: int, width: int, storage: str = "bf16"
     return hidden + scales + tokens * (4 + 1) + (num_samples + 1) * 8
 
 
+def reserve(fd: int, size: int, path: Path) -> None:
+    """Allocates the whole file now, so a disk that cannot hold it fails here, before any GPU work, and jobs
+    that start together cannot all count the same free space (a sparse file would fail mid-write)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate there: a sparse file as before
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise OSError(e.errno, f"cannot reserve {size} bytes for {path} ({e.strerror}): the disk is full") from None
+        os.ftruncate(fd, size)
+
+
 class ShardWriter:
     """Writes one shard file in place: header first, then samples at their final offsets (any order)."""
 
@@ -136,7 +150,7 @@ class ShardWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.pwrite(self._fd, struct.pack("<Q", len(raw)) + raw, 0)
-        os.ftruncate(self._fd, self._data_start + pos)
+        reserve(self._fd, self._data_start + pos, self._tmp)
         self._put("offsets", 0, self.offsets.tobytes())
         self.crc = [0] * len(self.lengths)
         self.written = [False] * len(self.lengths)

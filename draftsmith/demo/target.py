@@ -95,8 +95,21 @@ def padded_vocab(n_tokens: int, multiple: int = 128) -> int:
     return (n_tokens // multiple + 1) * multiple
 
 
+DEMO_HIDDEN_SIZE, DEMO_LAYERS = 256, 8
+# what the plan knows of the demo target before the job that builds it has run
+DEMO_SHAPE = {
+    "hidden_size": DEMO_HIDDEN_SIZE,
+    "num_hidden_layers": DEMO_LAYERS,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": DEMO_HIDDEN_SIZE // 4,
+    "intermediate_size": DEMO_HIDDEN_SIZE * 5 // 2,
+    "vocab_size": 3072,
+}
+
+
 def demo_config(
-    tokenizer: PreTrainedTokenizerFast, hidden_size: int = 256, num_layers: int = 8
+    tokenizer: PreTrainedTokenizerFast, hidden_size: int = DEMO_HIDDEN_SIZE, num_layers: int = DEMO_LAYERS
 ) -> Qwen3_5TextConfig:
     """Qwen3.5 text architecture shrunk to laptop size; both layer kinds, so taps and caches meet the real
     mix."""
@@ -104,7 +117,7 @@ def demo_config(
     return Qwen3_5TextConfig(
         vocab_size=padded_vocab(len(tokenizer)),
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 5 // 2,
+        intermediate_size=hidden_size * 5 // 2,  # DEMO_SHAPE's at the defaults
         num_hidden_layers=num_layers,
         layer_types=[LAYER_TYPES[i % len(LAYER_TYPES)] for i in range(num_layers)],
         num_attention_heads=4,
@@ -288,8 +301,8 @@ def build_demo_target(
     *,
     text_bytes: int = 2_000_000,
     vocab_size: int = 3000,
-    hidden_size: int = 256,
-    num_layers: int = 8,
+    hidden_size: int = DEMO_HIDDEN_SIZE,
+    num_layers: int = DEMO_LAYERS,
     seq_len: int = 256,
     batch_size: int = 4,
     chat_fraction: float = 0.3,

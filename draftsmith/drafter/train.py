@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,9 +65,19 @@ def run(
     """The step's body: takes `train.gpus` devices from the pool; with two or more, re-runs `module` under
     torchrun on them (one process per GPU, rank 0 writes); inside torchrun, or with one device or none, trains
     in place."""
-    gpus = int(train_section["gpus"])
+    return launch(
+        module,
+        argv,
+        int(train_section["gpus"]),
+        lambda: train(dataset, target, out, drafter_section, train_section, preset_mask_token_id),
+    )
+
+
+def launch(module: str, argv: list[str], gpus: int, body: Callable[[], object]) -> int:
+    """Runs `body` on `gpus` devices from the pool: with two or more, re-runs `module` under torchrun on them
+    (one process per GPU); inside torchrun, or with one device or none, in place."""
     if os.environ.get("DRAFTSMITH_DISTRIBUTED") == "1":
-        train(dataset, target, out, drafter_section, train_section, preset_mask_token_id)
+        body()
         return 0
 
     with gpu_pool.acquire(gpus) as devices:
@@ -85,7 +95,7 @@ def run(
             return subprocess.call(cmd, env=dict(os.environ, DRAFTSMITH_DISTRIBUTED="1"))
         if gpus > 1:
             print(f"train.gpus={gpus} but the pool gave {devices}: training in one process", file=sys.stderr)
-        train(dataset, target, out, drafter_section, train_section, preset_mask_token_id)
+        body()
     return 0
 
 
@@ -375,17 +385,25 @@ class EpochPlans:
 
 
 def run_steps(
-    run: TrainingRun, ddp: torch.nn.Module, *, autocast: torch.autocast, start: int
+    run: TrainingRun,
+    ddp: torch.nn.Module,
+    *,
+    autocast: torch.autocast,
+    start: int,
+    plans: EpochPlans | None = None,
+    stop: int | None = None,
 ) -> Iterator[tuple[int, int, float, torch.Tensor, torch.Tensor]]:
-    """Trains steps `start` .. run.total, yielding (steps done, epoch, lr, stats, grad norm) after each.
-    A thread reads and packs the next step's batch while the device runs this one."""
-    plans = EpochPlans(run)
+    """Trains steps `start` .. `stop` (run.total), yielding (steps done, epoch, lr, stats, grad norm) after
+    each. A thread reads and packs the next step's batch while the device runs this one. `plans` gives each
+    step's batch (a round's own plan when training in rounds)."""
+    plans = plans or EpochPlans(run)
+    end = run.total if stop is None else stop
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches") as pool:
         step = start
-        ahead = pool.submit(plans.host_batch, step) if step < run.total else None
+        ahead = pool.submit(plans.host_batch, step) if step < end else None
         while ahead is not None:
             epoch, batch = ahead.result()
-            ahead = pool.submit(plans.host_batch, step + 1) if step + 1 < run.total else None
+            ahead = pool.submit(plans.host_batch, step + 1) if step + 1 < end else None
             lr, stats, gnorm = _train_step(run, ddp, autocast=autocast, batch=batch, step=step)
             step += 1
             yield step, epoch, lr, stats, gnorm

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -16,8 +17,9 @@ from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.dataset.extract import extract_samples
 from draftsmith.dataset.plan import check_disk_space, planned_tokens
 from draftsmith.dataset.regenerate import regenerate_shard
-from draftsmith.dataset.shards import shard_manifest
+from draftsmith.dataset.shards import shard_bytes, shard_manifest
 from draftsmith.engine.memory import NoRoomForAnswers
+from draftsmith.plan.rounds import round_tokens, select_rows
 from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
 from draftsmith.target.load import load_configured_target
@@ -36,7 +38,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", required=True, help="shard .safetensors")
     p.add_argument("--manifest", required=True, help="shard manifest .json")
+    p.add_argument(
+        "--answered", action="store_true", help="--shard holds the answers already: no regeneration"
+    )
+    p.add_argument("--rows-json", default=None, help="the rows of --shard this job holds (rounds)")
+    p.add_argument("--round-budget", type=int, default=None, help="bytes the round may take (rounds)")
+    p.add_argument("--base-shards", nargs="*", default=[], help="every prepared shard (for the round's size)")
     return p.parse_args(argv)
+
+
+def check_round(
+    base_shards: list[str], rows: dict, data: dict, budget: int, plan: dict, storage: str
+) -> None:
+    """Stops before any GPU work when this round, with the held-out samples, cannot fit the budget the plan
+    handed out (the plan rule checks it too; a rerun of this job alone meets it here)."""
+    frames = [read_samples(s) for s in base_shards]
+    config = {"data": data, "train": {"heldout_fraction": rows["heldout_fraction"], "seed": rows["seed"]}}
+    tokens, held = round_tokens(frames, config, rounds=int(rows["rounds"]))
+    width = len(plan["target"]["taps"]) * int(plan["target"]["hidden_size"])
+    need = shard_bytes(int(tokens[int(rows["round"])] + held), 0, width, storage)
+    if need > budget:
+        stop(
+            f"extract: round {rows['round']} and the held-out samples can take {need / 1e9:.3f} GB but "
+            f"extract.disk_budget gives {budget / 1e9:.3f} GB; rerun snakemake to plan the rounds again"
+        )
 
 
 def stop(msg: str) -> None:
@@ -51,11 +76,17 @@ def main(argv: list[str] | None = None) -> None:
     tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
     tapcfg, ecfg = section_arg(args.taps_json, "taps"), section_arg(args.extract_json, "extract")
     out, plan, samples = Path(args.out), read_json(args.probe), read_samples(args.shard)
+    if args.rows_json:
+        rows = json.loads(args.rows_json)
+        samples = select_rows(samples, rows, dcfg)
+        if args.round_budget is not None:
+            check_round(args.base_shards, rows, dcfg, args.round_budget, plan, ecfg["storage"])
+    regenerate = dcfg["regenerate"]["enabled"] and not args.answered
     target_dir = resolve_target(args.target)
     try:  # before any GPU work: a full disk is a message now, not a crash hours in
         need = check_disk_space(
             out,
-            planned_tokens(samples, dcfg["regenerate"], int(dcfg["max_length"])),
+            planned_tokens(samples, dcfg["regenerate"] if regenerate else {}, int(dcfg["max_length"])),
             len(samples),
             len(plan["target"]["taps"]),
             int(plan["target"]["hidden_size"]),
@@ -70,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         kernels = report_kernels(model)
         taps = resolve_taps(model.config.get_text_config().num_hidden_layers, tapcfg)
         regen_stats = None
-        if dcfg["regenerate"]["enabled"]:
+        if regenerate:
             # a retry after running out of memory also halves the slots
             slots = max(1, int(dcfg["regenerate"]["batch_size"]) // max(1, args.budget_div))
             try:
@@ -98,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         try:
             checksum, stats = extract_samples(model, samples, taps, out, budget, ecfg["storage"], pad)
+        except OSError as e:  # the disk could not hold the shard: found when the file is laid out, not mid-write
+            stop(f"extract: {e}")
         except torch.OutOfMemoryError as e:
             stop(
                 f"extract: out of memory at token budget {budget} ({e}); the partial shard was removed. "

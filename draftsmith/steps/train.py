@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from draftsmith.config import section_arg
 from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.drafter.train import run
 from draftsmith.target.files import resolve_target
 from draftsmith.target.mask import no_mask_message, settle_mask_token
+
+
+def settled_drafter(target: Path, drafter_json: str, target_json: str) -> dict:
+    """The drafter section with its mask token settled against the target (or a stop that names why not)."""
+    drafter = section_arg(drafter_json, "drafter")
+    choice = settle_mask_token(target, section_arg(target_json, "target"), drafter["mask_token_id"])
+    if choice.token_id is None:
+        sys.exit(f"train: {no_mask_message(choice)}")
+    print(f"mask token {choice.token_id}: {choice.reason}", file=sys.stderr)
+    return {**drafter, "mask_token_id": choice.token_id}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,11 +41,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"torch threads: {torch.get_num_threads()}", file=sys.stderr)
     target = resolve_target(a.target)
-    drafter = section_arg(a.drafter_json, "drafter")
-    choice = settle_mask_token(target, section_arg(a.target_json, "target"), drafter["mask_token_id"])
-    if choice.token_id is None:
-        sys.exit(f"train: {no_mask_message(choice)}")
-    print(f"mask token {choice.token_id}: {choice.reason}", file=sys.stderr)
+    drafter = settled_drafter(target, a.drafter_json, a.target_json)
     sys.exit(
         run(
             __spec__.name if __spec__ else "draftsmith.steps.train",
@@ -42,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
             a.dataset,
             str(target),
             a.out,
-            {**drafter, "mask_token_id": choice.token_id},
+            drafter,
             section_arg(a.train_json, "train"),
             None,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from draftsmith.core.io import read_json, read_samples, write_json
 from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.dataset.shards import ShardReader
 from draftsmith.dataset.validate import default_tolerance, quarantine, recompute_checks, structural_checks
+from draftsmith.plan.rounds import select_rows
 from draftsmith.target.load import load_configured_target
 
 
@@ -27,6 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--extract-json", required=True)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", required=True)
+    p.add_argument("--data-json", default=None, help="the data section (rounds: which rows the shard holds)")
+    p.add_argument("--rows-json", default=None, help="the rows of --prepared the shard holds (rounds)")
     args = p.parse_args(argv)
     setup_logging()
     set_threads(args.threads)
@@ -43,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
 
     manifest = read_json(mpath)
     prepared = read_samples(args.prepared)
+    if args.rows_json:
+        prepared = select_rows(prepared, json.loads(args.rows_json), section_arg(args.data_json, "data"))
     try:
         reader = ShardReader(shard)
     except Exception as e:  # an unreadable file is a failed shard, not a crash

@@ -11,7 +11,7 @@ rule probe:
         gpu=probe_gpus(),
     params:
         target=target_path(),
-        extract=as_json("extract"),
+        extract=as_json("extract", drop=EXTRACT_DROP),
         taps=as_json("taps"),
         max_length=config["data"]["max_length"],
         preflight=preflight_json(),
@@ -116,9 +116,10 @@ rule extract:
         tcfg=target_json(drop=DATA_JOB_DROP),
         dcfg=as_json("data"),
         taps=as_json("taps"),
-        ecfg=as_json("extract"),
+        ecfg=as_json("extract", drop=EXTRACT_DROP),
+        rows="",
     shell:
-        "python -m draftsmith.steps.extract --target {params.target} --shard {input.shard} --probe {input.probe}"
+        "python -m draftsmith.steps.extract --target {params.target} --shard {input.shard} --probe {input.probe} {params.rows}"
         " --target-json {params.tcfg} --data-json {params.dcfg} --taps-json {params.taps}"
         " --extract-json {params.ecfg} --budget-div {resources.budget_div} --threads {threads}"
         " --out {output.shard} --manifest {output.manifest} > {log} 2>&1"
@@ -143,9 +144,10 @@ rule validate:
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
-        ecfg=as_json("extract"),
+        ecfg=as_json("extract", drop=EXTRACT_DROP),
+        rows="",
     shell:
-        "python -m draftsmith.steps.validate --target {params.target} --prepared {input.prepared} --shard {input.shard}"
+        "python -m draftsmith.steps.validate --target {params.target} --prepared {input.prepared} --shard {input.shard} {params.rows}"
         " --manifest {input.manifest} --probe {input.probe} --target-json {params.tcfg}"
         " --extract-json {params.ecfg} --threads {threads} --out {output.report} > {log} 2>&1"
 

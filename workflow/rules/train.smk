@@ -1,36 +1,39 @@
-rule train:
-    input:
-        unpack(target_input),
-        dataset=rules.merge.output.manifest,
-        shards=rules.merge.input.shards,
-    output:
-        final=directory(f"{RESULTS}/train/final"),
-        metrics=f"{RESULTS}/train/metrics.csv",
-        summary=f"{RESULTS}/train/summary.json",
-        curves=report(
-            f"{RESULTS}/train/curves.png",
-            caption="../report/training.rst",
-            category="Training",
-        ),
-    log:
-        f"{RESULTS}/logs/train.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/train.tsv"
-    conda:
-        "../../envs/draftsmith.yaml"
-    threads: train_threads()
-    resources:
-        gpu=train_gpus(),
-    params:
-        target=target_path(),
-        out=lambda wildcards, output: os.path.dirname(output.metrics),
-        drafter=as_json("drafter"),
-        train=as_json("train"),
-        tcfg=target_json(drop=("dtype", "expect")),
-    shell:
-        "python -m draftsmith.steps.train --dataset {input.dataset} --target {params.target} --out {params.out}"
-        " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
-        " --threads {threads} > {log} 2>&1"
+# With rounds (extract.disk_budget), workflow/rules/rounds.smk defines `train` instead.
+if ROUNDS == 1:
+
+    rule train:
+        input:
+            unpack(target_input),
+            dataset=rules.merge.output.manifest,
+            shards=rules.merge.input.shards,
+        output:
+            final=directory(f"{RESULTS}/train/final"),
+            metrics=f"{RESULTS}/train/metrics.csv",
+            summary=f"{RESULTS}/train/summary.json",
+            curves=report(
+                f"{RESULTS}/train/curves.png",
+                caption="../report/training.rst",
+                category="Training",
+            ),
+        log:
+            f"{RESULTS}/logs/train.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/train.tsv"
+        conda:
+            "../../envs/draftsmith.yaml"
+        threads: train_threads()
+        resources:
+            gpu=train_gpus(),
+        params:
+            target=target_path(),
+            out=lambda wildcards, output: os.path.dirname(output.metrics),
+            drafter=as_json("drafter"),
+            train=as_json("train"),
+            tcfg=target_json(drop=("dtype", "expect")),
+        shell:
+            "python -m draftsmith.steps.train --dataset {input.dataset} --target {params.target} --out {params.out}"
+            " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
+            " --threads {threads} > {log} 2>&1"
 
 
 rule export:

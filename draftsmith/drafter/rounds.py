@@ -1,0 +1,243 @@
+"""Training in rounds (extract.disk_budget): each round trains on its own hidden states, from the state the
+round before it handed on. The step count, the learning-rate schedule and the batches are planned over every
+round of every epoch before the first step, from the answers' token counts, so a round's job knows where in
+the run it stands without the other rounds' states on disk."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from draftsmith.core.distributed import setup_device, wrap_ddp
+from draftsmith.core.io import atomic, write_json
+from draftsmith.core.runtime import resolve_dtype
+from draftsmith.dataset.merge import MergedDataset
+from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch
+from draftsmith.drafter.config import config_from_target
+from draftsmith.drafter.loss import auto_gamma, position_weights
+from draftsmith.drafter.train import (
+    TrainingRun,
+    _log_step,
+    _metrics_columns,
+    _reopen_metrics,
+    _seeded_model,
+    run_steps,
+)
+from draftsmith.plan.rounds import select_rows
+from draftsmith.target.files import load_target_head
+
+ROUND_STRIDE = 1_000_003  # epoch x stride + round seeds a round's shuffle: no two (epoch, round) share one
+
+
+@dataclass
+class Position:
+    """One (epoch, position) of the run: the round it trains, its first global step and its step count."""
+
+    epoch: int
+    position: int
+    round: int
+    first_step: int
+    steps: int
+
+
+def round_lengths(answers: list[str], data: dict, rows: dict) -> list[np.ndarray]:
+    """Token counts of each round's training samples, in the order its merged dataset holds them (base shard
+    by base shard, rows in order)."""
+    frames = [pd.read_parquet(a, columns=["id", "num_tokens", "prompt_len"]) for a in answers]
+    out = []
+    for r in range(int(rows["rounds"])):
+        picked = [select_rows(df, {**rows, "kind": "round", "round": r}, data) for df in frames]
+        out.append(np.concatenate([p["num_tokens"].to_numpy(dtype=np.int64) for p in picked]))
+    return out
+
+
+def round_plan(
+    lengths: np.ndarray, tcfg: dict, *, block: int, world: int, epoch: int, rid: int
+) -> list[list[int]]:
+    """A round's batches for an epoch: every sample once, as many batches as make whole steps on `world`
+    ranks (the fullest split, never a sample dropped)."""
+    batches = plan_epoch(
+        lengths,
+        np.arange(len(lengths)),
+        int(tcfg["token_budget"]),
+        int(tcfg["anchors_per_seq"]),
+        block,
+        int(tcfg["seed"]),
+        epoch * ROUND_STRIDE + rid,
+    )
+    return fit_plan(batches, math.ceil(len(batches) / world) * world)
+
+
+def schedule(
+    lengths: list[np.ndarray], order: list[list[int]], tcfg: dict, *, block: int, world: int
+) -> list[Position]:
+    """Every position of the run, in training order, with its global first step."""
+    out, step = [], 0
+    for epoch, rounds in enumerate(order):
+        for pos, rid in enumerate(rounds):
+            steps = (
+                len(round_plan(lengths[rid], tcfg, block=block, world=world, epoch=epoch, rid=rid)) // world
+            )
+            out.append(Position(epoch, pos, rid, step, steps))
+            step += steps
+    return out
+
+
+class RoundPlans:
+    """Which samples each step of a round trains on (the round's plan, indexed by global step)."""
+
+    def __init__(self, run: TrainingRun, plan: list[list[int]], *, epoch: int, first: int):
+        self.run, self.plan, self.epoch, self.first = run, plan, epoch, first
+
+    def host_batch(self, step: int):
+        run = self.run
+        idx = self.plan[(step - self.first) * run.world + run.rank]
+        return self.epoch, load_batch(
+            run.ds, idx, self.epoch, run.tcfg, run.cfg, pin=run.device.type == "cuda"
+        )
+
+
+def train_round(
+    dataset: str | Path,
+    target_dir: str | Path,
+    *,
+    drafter_section: dict,
+    tcfg: dict,
+    epoch: int,
+    position: int,
+    order: list[list[int]],
+    lengths: list[np.ndarray],
+    previous: str | None,
+    state_out: str | Path,
+    metrics_path: str | Path,
+    record_out: str | Path,
+) -> None:
+    """Trains one round's steps from the previous round's state (or the seeded start), then hands its state
+    on and writes its record: the samples it trained, in order."""
+    rank, world, device = setup_device()
+    dtype = resolve_dtype(tcfg["dtype"], device)
+    ds, target_dir = MergedDataset(dataset), Path(target_dir)
+    cfg = config_from_target(json.loads((target_dir / "config.json").read_text()), ds.taps, drafter_section)
+    plan_pos = schedule(lengths, order, tcfg, block=cfg.block_size, world=world)
+    me = next(p for p in plan_pos if (p.epoch, p.position) == (epoch, position))
+    if ds.lengths.tolist() != lengths[me.round].tolist():
+        raise SystemExit(f"train_round: {dataset} does not hold round {me.round}'s samples as planned")
+    total = sum(p.steps for p in plan_pos)
+    embed, head = load_target_head(target_dir)
+    head_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    model, opt = _seeded_model(cfg, tcfg, device=device)
+    if previous:
+        state = torch.load(previous, map_location=device, weights_only=True)
+        if int(state["step"]) != me.first_step:
+            raise SystemExit(
+                f"train_round: {previous} ends at step {state['step']}, this round starts at {me.first_step}"
+            )
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    gamma = auto_gamma(cfg.block_size) if tcfg["gamma"] in (None, "auto") else float(tcfg["gamma"])
+    run = TrainingRun(
+        rank=rank,
+        world=world,
+        device=device,
+        dtype=dtype,
+        tcfg=tcfg,
+        ds=ds,
+        cfg=cfg,
+        pos_w=position_weights(cfg.block_size, gamma),
+        embed=embed.to(device, head_dtype),
+        head=head.to(device, head_dtype),
+        model=model,
+        opt=opt,
+        plan_args=(ds.lengths, np.arange(len(ds)), 0, 0, 0, 0),
+        held_idx=np.zeros(0, dtype=np.int64),
+        steps_per_epoch=me.steps,
+        total=total,
+        warmup=max(1, int(round(tcfg["warmup_ratio"] * total))),
+    )
+    plan = round_plan(lengths[me.round], tcfg, block=cfg.block_size, world=world, epoch=epoch, rid=me.round)
+    _train_steps(run, RoundPlans(run, plan, epoch=epoch, first=me.first_step), me, metrics_path)
+    if rank == 0:
+        ids = [i for s in ds.manifest["shards"] for i in s["sample_ids"]]
+        with atomic(state_out) as tmp:
+            torch.save(
+                {
+                    "step": me.first_step + me.steps,
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "cfg": cfg.to_json(),
+                    "uid": uuid.uuid4().hex,
+                },
+                tmp,
+            )
+        write_json(
+            record_out,
+            {
+                "epoch": epoch,
+                "position": position,
+                "round": me.round,
+                "first_step": me.first_step,
+                "steps": me.steps,
+                "total_steps": total,
+                "world_size": world,
+                "tokens": int(sum(int(ds.lengths[i]) for b in plan for i in b)),
+                "sample_ids": [ids[i] for b in plan for i in b],
+            },
+        )
+    if world > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def _train_steps(run: TrainingRun, plans: RoundPlans, me: Position, metrics_path: str | Path) -> None:
+    """The round's steps, a metrics row each (global step numbers) on rank 0."""
+    from tqdm import tqdm
+
+    ddp = wrap_ddp(run.model, run.device) if run.world > 1 else run.model
+    metrics = (
+        _reopen_metrics(Path(metrics_path), _metrics_columns(run.cfg.block_size), 0)
+        if run.rank == 0
+        else None
+    )
+    bar = tqdm(
+        total=me.steps, desc=f"train e{me.epoch} round {me.round}", disable=run.rank != 0, dynamic_ncols=True
+    )
+    autocast = torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.dtype == torch.bfloat16)
+    t0 = time.time()
+    stop = me.first_step + me.steps
+    for step, epoch, lr, stats, gnorm in run_steps(
+        run, ddp, autocast=autocast, start=me.first_step, plans=plans, stop=stop
+    ):  # type: ignore[arg-type]
+        if metrics is not None:
+            _log_step(
+                metrics,
+                bar,
+                block_size=run.cfg.block_size,
+                step=step,
+                epoch=epoch,
+                lr=lr,
+                stats=stats,
+                gnorm=gnorm,
+                t0=t0,
+            )
+        bar.update(1)
+    bar.close()
+    if metrics is not None:
+        metrics[0].close()
+
+
+def read_metrics(paths: list[str | Path]) -> list[dict]:
+    """The rounds' metrics rows in training order."""
+    rows: list[dict] = []
+    for p in paths:
+        with Path(p).open() as f:
+            rows += list(csv.DictReader(f))
+    return rows

@@ -1,0 +1,141 @@
+"""What the plan knows of the data before any job: records counted and tokens estimated from a sample of
+them at parse time (no tokenizer needed), or measured once `prepare` and the answer cache exist."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+CHARS_PER_TOKEN = 3.0  # below what BPE tokenizers give English and code (3.5-4.5): the estimate errs high
+TEMPLATE_TOKENS_PER_TURN = 8  # role markers and separators a chat template adds to each message
+SAMPLED_RECORDS = 512  # records read closely (evenly spaced through the file) for the token estimate
+
+
+@dataclass
+class DataSize:
+    """Samples and tokens per sample, and where the figures come from."""
+
+    samples: int
+    prompt_tokens: float  # mean per sample: everything before the last assistant turn
+    answer_tokens: float  # mean per sample: the last assistant turn (the bound when regenerating)
+    tokens_bound: float  # mean tokens a sample can take on disk, capped by data.max_length
+    source: str  # "estimate", "measured" or "measured prompts; answers bounded by max_new_tokens"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _record_texts(rec: object) -> tuple[int, int, int]:
+    """(prompt chars, last answer chars, turns) of one record, or zeros for a record prepare would refuse."""
+    from draftsmith.dataset.prepare import BadRecord, to_messages
+
+    try:
+        msgs = to_messages(rec)  # type: ignore[arg-type]
+    except BadRecord:
+        return 0, 0, 0
+    answer = len(msgs[-1]["content"]) if msgs[-1]["role"] == "assistant" else 0
+    prompt = sum(len(m["content"]) for m in msgs) - answer
+    return prompt, answer, len(msgs)
+
+
+def count_records(path: str) -> tuple[int, list[object]]:
+    """Records in a local file and an evenly spaced sample of them; (0, []) for what is not here yet."""
+    from draftsmith.dataset.prepare import BadRecord, iter_records
+
+    p = Path(path)
+    if not p.is_file():
+        return 0, []
+    if p.suffix == ".jsonl":
+        with p.open("rb") as f:
+            lines = [line for line in f if line.strip()]
+        step = max(1, len(lines) // SAMPLED_RECORDS)
+        sample = []
+        for raw in lines[::step][:SAMPLED_RECORDS]:
+            try:
+                import json
+
+                sample.append(json.loads(raw))
+            except ValueError:
+                continue
+        return len(lines), sample
+    try:
+        recs = [rec for _, _, rec in iter_records(path) if not isinstance(rec, Exception)]
+    except BadRecord:
+        return 0, []
+    step = max(1, len(recs) // SAMPLED_RECORDS)
+    return len(recs), recs[::step][:SAMPLED_RECORDS]
+
+
+def estimate(paths: list[str], data: dict) -> DataSize | None:
+    """The data's size from its files alone; None when a source is not on this machine yet (a URL before
+    its fetch job, a `datasets` name)."""
+    total, sample = 0, []
+    for path in paths:
+        n, recs = count_records(path)
+        if n == 0:
+            return None
+        total += n
+        sample += recs
+    if data.get("max_samples"):
+        total = min(total, int(data["max_samples"]))
+    texts = np.asarray([_record_texts(r) for r in sample], dtype=np.float64).reshape(-1, 3)
+    prompt = (texts[:, 0] / CHARS_PER_TOKEN + texts[:, 2] * TEMPLATE_TOKENS_PER_TURN) if len(texts) else None
+    answer = texts[:, 1] / CHARS_PER_TOKEN if len(texts) else None
+    if prompt is None or answer is None:
+        return None
+    return _sized(total, prompt, answer, data, source="estimate")
+
+
+def _sized(samples: int, prompt: np.ndarray, answer: np.ndarray, data: dict, *, source: str) -> DataSize:
+    """Means per sample, the answer replaced by its bound when the target writes the answers."""
+    regen = data["regenerate"]
+    if regen["enabled"] and source == "estimate":
+        answer = np.full_like(prompt, float(regen["max_new_tokens"]))
+    cap = float(data["max_length"])
+    bound = np.minimum(prompt + answer, cap)
+    return DataSize(
+        samples=int(samples),
+        prompt_tokens=float(prompt.mean()) if len(prompt) else 0.0,
+        answer_tokens=float(answer.mean()) if len(answer) else 0.0,
+        tokens_bound=float(bound.mean()) if len(bound) else 0.0,
+        source=source,
+    )
+
+
+def measured(results: str | Path, data: dict) -> DataSize | None:
+    """The prepared samples' own token counts, with the answer cache's answers where it has them; None before
+    `prepare` has run."""
+    import pandas as pd
+
+    prepared = Path(results) / "prepared" / "samples.parquet"
+    if not prepared.exists():
+        return None
+    df = pd.read_parquet(prepared, columns=["num_tokens", "prompt_len"])
+    prompt = df["prompt_len"].to_numpy(dtype=np.float64)
+    answer = (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.float64)
+    source = "measured"
+    if data["regenerate"]["enabled"]:
+        answered = _cached_answer_tokens(Path(results))
+        if answered is not None and len(answered):
+            answer = np.full_like(prompt, answered.mean())
+            source = f"measured; answers: the mean of {len(answered)} cached"
+        else:
+            answer = np.full_like(prompt, float(data["regenerate"]["max_new_tokens"]))
+            source = "measured prompts; answers bounded by max_new_tokens"
+    return _sized(len(df), prompt, answer, data, source=source)
+
+
+def _cached_answer_tokens(results: Path) -> np.ndarray | None:
+    """Answer lengths of every answer file written so far (the regenerate rule's, or extraction's cache)."""
+    import pandas as pd
+
+    files = sorted((results / "answers").glob("*.parquet")) + sorted(
+        (results / "extract/regen").glob("*.parquet")
+    )
+    if not files:
+        return None
+    parts = [pd.read_parquet(f, columns=["num_tokens", "prompt_len"]) for f in files]
+    df = pd.concat(parts)
+    return (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.float64)

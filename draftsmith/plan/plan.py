@@ -1,0 +1,435 @@
+"""The plan of a run: samples and tokens, hidden-state bytes against the disk budget, the rounds, and the
+GPU-hours of each stage. Made at parse time (preflight prints it at `snakemake -n`), by `python -m draftsmith
+plan`, and by the plan rule, which writes RESULTS/plan.json once the data is prepared."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from pathlib import Path
+
+import yaml
+
+from draftsmith.plan.data import DataSize, estimate, measured
+from draftsmith.plan.rounds import rounds_needed
+from draftsmith.plan.sizes import drafter_params, human, parse_size, token_bytes, training_bytes
+
+RATES = Path(__file__).with_name("rates.yaml")
+PINNED = "plan/rounds.json"  # under RESULTS: the rounds decided for this budget setting, kept across parses
+STATE_DIRS = ("extract", "rounds")  # under RESULTS: where this run's hidden states lie
+
+
+class PlanError(ValueError):
+    """A run that cannot fit: the message gives the numbers and the options."""
+
+
+@functools.cache
+def rate_table() -> dict:
+    return yaml.safe_load(RATES.read_text())
+
+
+def gpu_class(name: str | None) -> dict:
+    """The rates of the GPU class whose name `name` contains (the CPU's without a GPU; the H200's, marked as
+    another class's, for a GPU not in the table)."""
+    classes = rate_table()["classes"]
+    if not name:
+        return next(c for c in classes if c["name"] == "CPU")
+    for c in classes:
+        if any(m.lower() in name.lower() for m in c["match"]):
+            return c
+    return {**classes[0], "name": f"{name} (rates of the {classes[0]['name']})"}
+
+
+def target_shape(config: dict) -> tuple[dict | None, str]:
+    """The target's text shape without loading weights: the demo's, a local or cached config.json, or the
+    preset's `target.expect`."""
+    from draftsmith.config import parse_time_target
+    from draftsmith.target.files import text_config
+
+    if config["target"]["model"] == "demo":
+        from draftsmith.demo.target import DEMO_SHAPE
+
+        return dict(DEMO_SHAPE), "the demo's shape"
+    path = parse_time_target(config["target"])
+    if path is not None:
+        return text_config(path), f"{path}/config.json"
+    expect = config["target"].get("expect") or {}
+    if "hidden_size" in expect and "num_hidden_layers" in expect:
+        return dict(expect), "target.expect"
+    return None, "unknown before the target is fetched (set target.expect)"
+
+
+def target_params(shape: dict) -> float:
+    """Parameters of a decoder-only target from its shape (12 L H^2 for the body, the embedding and head)."""
+    hidden, layers = int(shape["hidden_size"]), int(shape["num_hidden_layers"])
+    inter = int(shape.get("intermediate_size") or 4 * hidden)
+    vocab = int(shape.get("vocab_size") or 32000)
+    return layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * vocab * hidden
+
+
+def tap_count(config: dict, shape: dict) -> int:
+    from draftsmith.config import resolve_taps
+
+    return len(resolve_taps(int(shape["num_hidden_layers"]), config["taps"]))
+
+
+def data_size(config: dict, paths: list[str]) -> DataSize | None:
+    """Measured when prepare has run, else estimated from the files."""
+    return measured(config["results"], config["data"]) or estimate(paths, config["data"])
+
+
+def free_space(results: str | Path) -> int:
+    """Free bytes on the results disk (its nearest existing folder), DRAFTSMITH_FREE_BYTES in fault drills."""
+    from draftsmith.core.faults import free_bytes
+
+    return free_bytes(results)
+
+
+def states_on_disk(results: str | Path) -> int:
+    """Bytes of hidden states this run already holds: an `auto` budget counts them as its own."""
+    total = 0
+    for d in STATE_DIRS:
+        for f in (Path(results) / d).rglob("*.safetensors*"):
+            total += f.stat().st_blocks * 512
+    return total
+
+
+def hub_cache_bytes(config: dict, shape: dict | None) -> int:
+    """What a hub target not cached yet will add to the Hugging Face cache (its bf16 weights), when that
+    cache shares the results disk."""
+    from draftsmith.config import parse_time_target
+    from draftsmith.target.files import is_hub_id
+
+    model = config["target"]["model"]
+    if not is_hub_id(model) or shape is None or parse_time_target(config["target"]) is not None:
+        return 0
+    cache = Path(
+        os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub"
+    )
+    cache = cache.expanduser()
+    while not cache.exists():
+        cache = cache.parent
+    results = Path(config["results"]).resolve()
+    while not results.exists():
+        results = results.parent
+    same_disk = os.stat(cache).st_dev == os.stat(results).st_dev
+    return int(2 * target_params(shape)) if same_disk else 0
+
+
+def budget_bytes(config: dict, *, reserves: int) -> tuple[int, str]:
+    """`extract.disk_budget` in bytes: a size as given, or `auto`: free space (with this run's states counted
+    as its own) less what training, the export and the Hugging Face cache will need."""
+    setting = config["extract"]["disk_budget"]
+    if setting != "auto":
+        return parse_size(setting), f"extract.disk_budget {setting}"
+    results = config["results"]
+    free = free_space(results) + states_on_disk(results)
+    return (
+        free - reserves,
+        f"auto: {human(free)} free on {results}'s disk less {human(reserves)} kept for training, export and cache",
+    )
+
+
+def _pinned(config: dict, identity: dict) -> dict | None:
+    """The rounds an earlier parse decided for this same budget setting and data shape."""
+    path = Path(config["results"]) / PINNED
+    try:
+        pinned = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return pinned if pinned.get("identity") == identity else None
+
+
+def pin(config: dict, plan: dict) -> None:
+    """Keeps the rounds decided at this parse, so a later parse (a resume after a kill, with less free space
+    since this run's own files were written) plans the same rounds while the budget setting stays."""
+    from draftsmith.core.io import write_json
+
+    if "identity" in plan and not plan.get("pinned"):
+        write_json(
+            Path(config["results"]) / PINNED, {k: plan[k] for k in ("identity", "rounds", "budget_bytes")}
+        )
+
+
+def unpin(config: dict) -> None:
+    (Path(config["results"]) / PINNED).unlink(missing_ok=True)
+
+
+def decide_rounds(
+    states: float, budget: int, *, config: dict, samples: int, base_shards: int, per_token: float
+) -> tuple[int, float]:
+    """(rounds, held-out bytes): one round when everything fits, else as few rounds as fit the budget after the
+    held-out samples (kept all run) and one sample of slack per base shard. Raises PlanError with the options."""
+    if states <= budget:
+        return 1, 0.0
+    fraction = float(config["train"]["heldout_fraction"])
+    heldout = fraction * states
+    slack = base_shards * int(config["data"]["max_length"]) * per_token
+    room = budget - heldout - slack
+    try:
+        if room <= 0:
+            raise ValueError("the held-out samples alone fill it")
+        return rounds_needed(
+            int((1 - fraction) * states), int(room), base_shards=base_shards, samples=samples
+        ), heldout
+    except ValueError as e:
+        storage = config["extract"]["storage"]
+        raise PlanError(
+            f"extract.disk_budget: the hidden states need {human(states)} ({storage}) and the budget is "
+            f"{human(budget)}; even the smallest round does not fit ({e}). Options: extract.storage: fp8 (half "
+            "the bytes), `results` on a larger disk, a larger extract.disk_budget, or fewer samples "
+            "(data.max_samples)"
+        ) from None
+
+
+def make_plan(
+    config: dict,
+    *,
+    paths: list[str],
+    gpus: int,
+    gpu_name: str | None,
+    base_shards: int,
+    bench_prompts: int | None = None,
+) -> dict:
+    """The plan as a dict (RESULTS/plan.json). Raises PlanError when no round can fit the budget."""
+    plan: dict = {"notes": []}
+    shape, plan["shape_source"] = target_shape(config)
+    size = data_size(config, paths)
+    if shape is None or size is None:
+        plan["notes"].append(
+            "no plan of disk or GPU-hours yet: "
+            + (
+                "the target's shape is " + plan["shape_source"]
+                if shape is None
+                else "the data is not on this machine yet"
+            )
+            + "; one round (set extract.disk_budget and rerun `snakemake -n` once it is)"
+        )
+        plan["rounds"] = 1
+        return plan
+    taps, hidden = tap_count(config, shape), int(shape["hidden_size"])
+    storage = config["extract"]["storage"]
+    per_token = {s: token_bytes(taps=taps, hidden=hidden, storage=s) for s in ("bf16", "fp8")}
+    tokens = size.samples * size.tokens_bound
+    params = drafter_params(shape, config["drafter"], taps)
+    checkpoints = int(config["train"]["checkpoint_every"]) > 0
+    reserves = training_bytes(params, checkpoints=checkpoints, rounds=2) + hub_cache_bytes(config, shape)
+    reserves += int(tokens * 8)  # the answer cache and prepared samples: ids and masks
+    plan.update(
+        data=size.as_dict(),
+        taps=taps,
+        hidden_size=hidden,
+        storage=storage,
+        shape=shape,
+        bytes_per_token=per_token,
+        tokens=int(tokens),
+        states_bytes={s: int(tokens * b) for s, b in per_token.items()},
+        drafter_params=params,
+        training_bytes=training_bytes(params, checkpoints=checkpoints, rounds=2),
+        hub_cache_bytes=hub_cache_bytes(config, shape),
+        free_bytes=free_space(config["results"]),
+    )
+    identity = {
+        "setting": str(config["extract"]["disk_budget"]),
+        "storage": storage,
+        "taps": taps,
+        "hidden": hidden,
+        "max_length": int(config["data"]["max_length"]),
+        "regenerate": config["data"]["regenerate"],
+        "base_shards": base_shards,
+        "heldout_fraction": float(config["train"]["heldout_fraction"]),
+    }
+    pinned = _pinned(config, identity)
+    if pinned:
+        plan.update(
+            identity=identity,
+            rounds=int(pinned["rounds"]),
+            budget_bytes=int(pinned["budget_bytes"]),
+            pinned=True,
+        )
+        plan["budget_source"] = "as planned before (results/plan/rounds.json)"
+    else:
+        budget, plan["budget_source"] = budget_bytes(config, reserves=reserves)
+        rounds, _ = decide_rounds(
+            tokens * per_token[storage],
+            budget,
+            config=config,
+            samples=size.samples,
+            base_shards=base_shards,
+            per_token=per_token[storage],
+        )
+        plan.update(identity=identity, rounds=rounds, budget_bytes=budget, pinned=False)
+    plan["epochs"] = config["train"]["epochs"]
+    plan["extraction_passes"] = 1 if plan["rounds"] == 1 else int(math.ceil(float(config["train"]["epochs"])))
+    plan["stages"] = stage_hours(
+        config,
+        size,
+        shape,
+        params,
+        gpu_name=gpu_name,
+        passes=plan["extraction_passes"],
+        bench_prompts=bench_prompts,
+    )
+    plan["gpus"], plan["gpu_class"] = gpus, gpu_class(gpu_name)["name"]
+    plan["disk_rate_needed_gbs"] = (
+        gpus * per_token[storage] * plan["stages"]["extract per epoch"]["rate"] / 1e9
+    )
+    return plan
+
+
+def _rate(cls: dict, key: str, scale: float) -> tuple[float, str]:
+    entry = cls[key]
+    return float(entry["value"]) * scale, f"{cls['name']}: {entry['source']}"
+
+
+def stage_hours(
+    config: dict,
+    size: DataSize,
+    shape: dict,
+    params: int,
+    *,
+    gpu_name: str | None,
+    passes: int,
+    bench_prompts: int | None,
+) -> dict:
+    """GPU-hours of each stage (summed over GPUs), from the class's rates scaled to this target and drafter."""
+    cls, ref = gpu_class(gpu_name), rate_table()["reference"]
+    tscale = float(ref["target_params"]) / target_params(shape)
+    dscale = float(ref["drafter_params"]) / max(1, params)
+    n, epochs = size.samples, float(config["train"]["epochs"])
+    out: dict = {}
+    regen = config["data"]["regenerate"]
+    if regen["enabled"]:
+        rate, src = _rate(cls, "regenerate_new_tokens_s", tscale)
+        prefill, _ = _rate(cls, "extract_tokens_s", tscale)
+        seconds = n * size.answer_tokens / rate + n * size.prompt_tokens / prefill
+        out["regeneration"] = {
+            "gpu_hours": seconds / 3600,
+            "rate": rate,
+            "unit": "new tokens/s",
+            "source": src,
+        }
+    rate, src = _rate(cls, "extract_tokens_s", tscale)
+    per_epoch = n * size.tokens_bound / rate / 3600
+    out["extract per epoch"] = {"gpu_hours": per_epoch, "rate": rate, "unit": "tokens/s", "source": src}
+    out["extract, all passes"] = {
+        "gpu_hours": per_epoch * passes,
+        "rate": rate,
+        "unit": "tokens/s",
+        "source": f"{passes} pass(es)",
+    }
+    rate, src = _rate(cls, "train_tokens_s", dscale)
+    train_epoch = n * (1 - float(config["train"]["heldout_fraction"])) * size.tokens_bound / rate / 3600
+    out["train per epoch"] = {"gpu_hours": train_epoch, "rate": rate, "unit": "tokens/s", "source": src}
+    out["train, all epochs"] = {
+        "gpu_hours": train_epoch * epochs,
+        "rate": rate,
+        "unit": "tokens/s",
+        "source": f"{epochs:g} epochs",
+    }
+    bench = config["bench"]
+    prompts = bench_prompts if bench_prompts is not None else 0
+    decodes = (
+        len(bench["methods"])
+        - ("ddtree" in bench["methods"])
+        + len(bench["ddtree_budgets"]) * ("ddtree" in bench["methods"])
+    )
+    rate, src = _rate(cls, "bench_tokens_s", tscale)
+    bench_s = prompts * int(bench["max_new_tokens"]) * max(1, decodes) / rate
+    out["bench"] = {
+        "gpu_hours": bench_s / 3600,
+        "rate": rate,
+        "unit": "tokens/s",
+        "source": f"{prompts} prompts; {src}",
+    }
+    return out
+
+
+def render(plan: dict) -> str:
+    """The plan as a Markdown table, as preflight prints it and the report shows it."""
+    rows = [("what", "planned", "from")]
+    if "data" not in plan:
+        return "\n".join(
+            ["| what | planned |", "| --- | --- |", f"| rounds | {plan['rounds']} |"]
+            + [f"| note | {n} |" for n in plan["notes"]]
+        )
+    d = plan["data"]
+    rows += [
+        ("samples", f"{d['samples']:,}", d["source"]),
+        ("prompt tokens a sample", f"{d['prompt_tokens']:,.0f}", d["source"]),
+        ("answer tokens a sample", f"{d['answer_tokens']:,.0f}", d["source"]),
+        (
+            "tokens on disk, in all",
+            f"{plan['tokens']:,}",
+            "samples x (prompt + answer), capped by data.max_length",
+        ),
+        (
+            "hidden states a token",
+            f"{human(plan['bytes_per_token']['bf16'])} bf16, {human(plan['bytes_per_token']['fp8'])} fp8",
+            f"{plan['taps']} taps x {plan['hidden_size']} ({plan['shape_source']})",
+        ),
+        (
+            "hidden states, in all",
+            f"{human(plan['states_bytes']['bf16'])} bf16, {human(plan['states_bytes']['fp8'])} fp8",
+            f"stored as {plan['storage']}",
+        ),
+        (
+            "checkpoints, export, round states",
+            human(plan["training_bytes"]),
+            f"drafter of {plan['drafter_params'] / 1e6:,.1f}M parameters",
+        ),
+        (
+            "Hugging Face cache",
+            human(plan["hub_cache_bytes"]),
+            "the target's weights, when not cached yet on this disk",
+        ),
+        ("free on the results disk", human(plan["free_bytes"]), "now"),
+        ("disk budget for hidden states", human(plan["budget_bytes"]), plan["budget_source"]),
+        (
+            "rounds",
+            str(plan["rounds"]),
+            f"{plan['extraction_passes']} extraction pass(es) over {plan['epochs']} epochs",
+        ),
+    ]
+    for stage, s in plan["stages"].items():
+        rows.append(
+            (
+                f"GPU-hours: {stage}",
+                f"{s['gpu_hours']:,.2f}",
+                f"{s['rate']:,.1f} {s['unit']} a GPU; {s['source']}",
+            )
+        )
+    rows.append(
+        (
+            "disk write rate to keep up",
+            f"{plan['disk_rate_needed_gbs']:.2f} GB/s",
+            f"{plan['gpus']} GPU(s) extracting at once ({plan['gpu_class']})",
+        )
+    )
+    lines = [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    lines.insert(1, "| --- | --- | --- |")
+    return "\n".join(lines + [f"\n- {n}" for n in plan["notes"]])
+
+
+def rounds_problems(config: dict, rounds: int) -> list[str]:
+    """What training in rounds cannot do yet, named by key."""
+    if rounds == 1:
+        return []
+    problems = []
+    epochs = float(config["train"]["epochs"])
+    if epochs != int(epochs):
+        problems.append(
+            f"train.epochs: {epochs:g}; training in {rounds} rounds visits every sample once an epoch, so "
+            "epochs must be a whole number"
+        )
+    if config["study"]["train_samples"]:
+        problems.append(
+            f"study.train_samples: a study trains every size on the whole dataset on disk, and this run's "
+            f"hidden states take {rounds} rounds of extract.disk_budget; study one size a run (data.max_samples), "
+            "or give a budget that holds them all"
+        )
+    if config["train"]["max_samples"] or config["train"]["max_steps"]:
+        problems.append("train.max_samples / train.max_steps: not used in rounds; set them to null")
+    return problems

@@ -1,0 +1,112 @@
+"""Rounds: the training samples split so that each round's hidden states fit the disk budget.
+
+The layout never depends on time or on the machine. Each base shard (the one-round run's shard, whose
+answers are regenerated once) is carved into `rounds` pieces, balanced by the tokens a sample can take; round
+r is piece r of every base shard, so every round keeps every GPU busy. Held-out samples are chosen by a hash
+of their id and extracted once, apart from the rounds. Each epoch visits the rounds in its own seeded order.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pandas as pd
+
+HELDOUT = "heldout"  # the rows selector of the held-out samples (extracted once, kept)
+
+
+def rounds_needed(bound_bytes: int, budget: int, *, base_shards: int, samples: int) -> int:
+    """The fewest rounds whose pieces fit the budget. Raises when even one sample per base shard a round
+    would not fit (the smallest round there can be)."""
+    if budget <= 0:
+        raise ValueError("no disk budget left")
+    rounds = max(1, math.ceil(bound_bytes / budget))
+    most = max(1, samples // max(1, base_shards))  # a piece holds at least one sample
+    if rounds > most:
+        raise ValueError(
+            f"{rounds} rounds would be needed, but {samples} samples in {base_shards} shards allow {most}"
+        )
+    return rounds
+
+
+def sample_bound(samples: pd.DataFrame, data: dict) -> np.ndarray:
+    """Tokens each sample can take on disk: its prompt plus max_new_tokens when the target writes the answer
+    (capped by max_length), else its tokens as prepared. The same figure whether read from a prepared shard or
+    from its answers."""
+    regen = data["regenerate"]
+    if not regen["enabled"]:
+        return samples["num_tokens"].to_numpy(dtype=np.int64)
+    bound = samples["prompt_len"].to_numpy(dtype=np.int64) + int(regen["max_new_tokens"])
+    return np.minimum(bound, int(data["max_length"]))
+
+
+def heldout_rows(ids: list[str], *, fraction: float, seed: int) -> np.ndarray:
+    """Held-out by a hash of (seed, id): the same samples whatever the shard or round layout. A shard of two
+    or more samples holds out at least one when the fraction is above 0."""
+    draw = np.asarray([zlib.crc32(f"{seed}:{i}".encode()) / 2**32 for i in ids], dtype=np.float64)
+    held = draw < fraction
+    if fraction > 0 and len(ids) >= 2 and not held.any():
+        held[int(np.argmin(draw))] = True
+    return held
+
+
+def piece_of_rows(bound: np.ndarray, rounds: int) -> np.ndarray:
+    """The round of each row: longest first onto the lightest piece (ties to the fewest rows, then the lowest
+    round), so pieces weigh about the same."""
+    order = np.argsort(-bound, kind="stable")
+    load, count = np.zeros(rounds, dtype=np.int64), np.zeros(rounds, dtype=np.int64)
+    out = np.zeros(len(bound), dtype=np.int64)
+    for i in order:
+        r = int(np.lexsort((np.arange(rounds), count, load))[0])
+        out[i] = r
+        load[r] += bound[i]
+        count[r] += 1
+    return out
+
+
+def select_rows(samples: pd.DataFrame, rows: dict, data: dict) -> pd.DataFrame:
+    """The rows of a base shard that one extraction job holds: `{"kind": "heldout"}` or `{"kind": "round",
+    "round": r, "rounds": R}`, with `heldout_fraction` and `seed` (train's) in both."""
+    held = heldout_rows(
+        samples["id"].tolist(), fraction=float(rows["heldout_fraction"]), seed=int(rows["seed"])
+    )
+    if rows["kind"] == HELDOUT:
+        keep = held
+    else:
+        piece = np.full(len(samples), -1)
+        piece[~held] = piece_of_rows(sample_bound(samples[~held], data), int(rows["rounds"]))
+        keep = piece == int(rows["round"])
+    return samples[keep].reset_index(drop=True)
+
+
+def round_order(rounds: int, epoch: int, seed: int) -> list[int]:
+    """The order an epoch visits the rounds in: a fresh seeded permutation each epoch."""
+    return [int(r) for r in np.random.default_rng([seed, epoch, 7919]).permutation(rounds)]
+
+
+def piece_bounds(
+    samples: pd.DataFrame, data: dict, *, rounds: int, fraction: float, seed: int
+) -> tuple[np.ndarray, int, int]:
+    """Tokens and samples each round takes from one base shard, and the held-out's: (tokens per round [R],
+    held-out tokens, held-out samples). What the plan sums over shards to check a round against the budget."""
+    held = heldout_rows(samples["id"].tolist(), fraction=fraction, seed=seed)
+    bound = sample_bound(samples, data)
+    tokens = np.zeros(rounds, dtype=np.int64)
+    np.add.at(tokens, piece_of_rows(bound[~held], rounds), bound[~held])
+    return tokens, int(bound[held].sum()), int(held.sum())
+
+
+def round_tokens(shards: list[pd.DataFrame], config: dict, *, rounds: int) -> tuple[np.ndarray, int]:
+    """Tokens each round can take over all base shards, and the held-out samples' (the bound: prompt plus
+    max_new_tokens when regenerating)."""
+    total, held = np.zeros(rounds, dtype=np.int64), 0
+    fraction, seed = float(config["train"]["heldout_fraction"]), int(config["train"]["seed"])
+    if rounds == 1:
+        fraction = 0.0  # one round: the held-out samples are inside the one dataset
+    for df in shards:
+        tokens, h, _ = piece_bounds(df, config["data"], rounds=rounds, fraction=fraction, seed=seed)
+        total += tokens
+        held += h
+    return total, held

@@ -1,0 +1,71 @@
+"""Sizes the plan counts: a size written in a config, a token's hidden states, a drafter's files."""
+
+from __future__ import annotations
+
+import re
+
+from draftsmith.dataset.shards import shard_bytes
+
+UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+BINARY_UNITS = {"KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40, "PI": 2**50}
+SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGTP]I?)?B?\s*$", re.IGNORECASE)
+
+CHECKPOINTS_KEPT = 2  # train.py keeps the newest two
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two fp32 moments
+EXPORT_BYTES_PER_PARAM = 4  # final/ (fp32) and the exported drafter
+ROUND_STATES_KEPT = 2  # a round's state and the next one's, while the next trains
+
+
+def parse_size(text: str | int | float, *, key: str = "extract.disk_budget") -> int:
+    """Bytes from `2TB`, `500 GB`, `1.5TiB` or a plain number of bytes; decimal units unless `i` is given."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return int(text)
+    m = SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"{key}: {text!r} is not a size; write it as `2TB`, `500GB`, `1.5TiB` or `auto`")
+    unit = (m.group(2) or "").upper()
+    scale = BINARY_UNITS[unit] if unit in BINARY_UNITS else UNITS[unit]
+    return int(float(m.group(1)) * scale)
+
+
+def human(n: float) -> str:
+    """Bytes as people read them: `5.9 TB`, `812 MB`."""
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def states_bytes(tokens: int, samples: int, *, taps: int, hidden: int, storage: str) -> int:
+    """A shard's bytes on disk (the shard store's own layout: states, ids, mask, index)."""
+    return shard_bytes(int(tokens), int(samples), taps * hidden, storage)
+
+
+def token_bytes(*, taps: int, hidden: int, storage: str) -> float:
+    """Bytes a token of hidden states takes on disk, ids and mask included (51.2 KB for the 27B in bf16)."""
+    return states_bytes(1_000_000, 0, taps=taps, hidden=hidden, storage=storage) / 1_000_000
+
+
+def drafter_params(shape: dict, drafter: dict, taps: int) -> int:
+    """The drafter's parameter count from the target's text shape and the `drafter` section: `fc` over the
+    taps and k Qwen3 decoder layers at the target's width (no embedding or head of its own)."""
+    hidden = int(shape["hidden_size"])
+    heads = int(shape.get("num_attention_heads") or max(1, hidden // 128))
+    kv = int(shape.get("num_key_value_heads") or heads)
+    head_dim = int(shape.get("head_dim") or hidden // heads)
+    inter = drafter.get("intermediate_size", "auto")
+    inter = int(shape.get("intermediate_size") or 3 * hidden) if inter == "auto" else int(inter)
+    attention = hidden * head_dim * (2 * heads + 2 * kv) + 2 * head_dim
+    layer = attention + 3 * hidden * inter + 2 * hidden
+    return int(drafter["num_layers"]) * layer + taps * hidden * hidden + 2 * hidden
+
+
+def training_bytes(params: int, *, checkpoints: bool, rounds: int) -> int:
+    """What training writes beside the hidden states: checkpoints (when on), the fp32 export and the exported
+    drafter, and with rounds the state handed from one round to the next."""
+    per_param = 2 * EXPORT_BYTES_PER_PARAM
+    if checkpoints:
+        per_param += CHECKPOINT_BYTES_PER_PARAM * CHECKPOINTS_KEPT
+    if rounds > 1:
+        per_param += CHECKPOINT_BYTES_PER_PARAM * ROUND_STATES_KEPT
+    return params * per_param

@@ -1,0 +1,65 @@
+"""Write the plan (RESULTS/plan.json and its table) with the prepared data measured, and check that every
+round fits the disk budget before any round is extracted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+import pandas as pd
+
+from draftsmith.core.io import write_json, write_text
+from draftsmith.core.runtime import setup_logging
+from draftsmith.plan.plan import PlanError, make_plan, render, unpin
+from draftsmith.plan.rounds import round_tokens
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config-json", required=True, help="the validated config")
+    p.add_argument("--paths", nargs="*", default=[], help="the training files, as jobs read them")
+    p.add_argument("--gpus", type=int, default=0)
+    p.add_argument("--gpu-name", default="")
+    p.add_argument("--shards", nargs="+", required=True, help="the prepared shards")
+    p.add_argument("--bench-prompts", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.add_argument("--md", required=True)
+    args = p.parse_args(argv)
+    setup_logging()
+    config = json.loads(args.config_json)
+    try:
+        plan = make_plan(
+            config,
+            paths=args.paths,
+            gpus=args.gpus,
+            gpu_name=args.gpu_name or None,
+            base_shards=len(args.shards),
+            bench_prompts=args.bench_prompts,
+        )
+    except PlanError as e:
+        unpin(config)
+        sys.exit(f"plan: {e}")
+    if "bytes_per_token" in plan:
+        shards = [pd.read_parquet(s, columns=["id", "num_tokens", "prompt_len"]) for s in args.shards]
+        rounds, held = round_tokens(shards, config, rounds=int(plan["rounds"]))
+        per_token = plan["bytes_per_token"][plan["storage"]]
+        plan["round_bytes"] = [int(t * per_token) for t in rounds]
+        plan["heldout_bytes"] = int(held * per_token)
+        worst = max(plan["round_bytes"]) + plan["heldout_bytes"]
+        if worst > plan["budget_bytes"]:
+            unpin(config)
+            sys.exit(
+                f"plan: measured on the prepared data, the largest round and the held-out samples take "
+                f"{worst / 1e9:.3f} GB but extract.disk_budget gives {plan['budget_bytes'] / 1e9:.3f} GB (the "
+                "rounds were planned from an estimate). Rerun snakemake: it plans again from the measured "
+                "data; nothing has been extracted yet"
+            )
+    logging.info("plan:\n%s", render(plan))
+    write_json(args.out, plan)
+    write_text(args.md, "# The run's plan\n\n" + render(plan) + "\n")
+
+
+if __name__ == "__main__":
+    main()

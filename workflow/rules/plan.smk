@@ -1,0 +1,48 @@
+# The plan (draftsmith.plan): made at parse time, written with the measured data once it is prepared, and
+# checked then: a round that would not fit the disk budget stops here, before any extraction.
+
+
+def rows_json(kind, round_id=None):
+    """Which rows of a shard a job holds (draftsmith.plan.rounds.select_rows)."""
+    rows = {
+        "kind": kind,
+        "rounds": ROUNDS,
+        "round": None if round_id is None else int(round_id),
+        "heldout_fraction": config["train"]["heldout_fraction"],
+        "seed": config["train"]["seed"],
+    }
+    return shlex.quote(json.dumps(rows, sort_keys=True))
+
+
+def answers_path(shard):
+    """A shard's samples with the target's answers, or as prepared when answers are not regenerated."""
+    if config["data"]["regenerate"]["enabled"]:
+        return f"{RESULTS}/answers/{shard}.parquet"
+    return f"{RESULTS}/shards/{shard}.parquet"
+
+
+def get_answers(wildcards):
+    return answers_path(wildcards.shard)
+
+
+rule plan:
+    input:
+        samples=rules.prepare.output.samples,
+        shards=rules.shard.output.shards,
+    output:
+        json=f"{RESULTS}/plan.json",
+        md=report(f"{RESULTS}/plan.md", caption="../report/plan.rst", category="Plan"),
+    log:
+        f"{RESULTS}/logs/plan.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    params:
+        config=shlex.quote(json.dumps(config, sort_keys=True)),
+        paths=" ".join(shlex.quote(p) for p in data_paths()),
+        gpus=NODE_GPUS,
+        gpu=shlex.quote(plan_gpu_name() or ""),
+        bench_prompts=bench_prompt_count(),
+    shell:
+        "python -m draftsmith.steps.plan --config-json {params.config} --paths {params.paths} --gpus {params.gpus}"
+        " --gpu-name {params.gpu} --shards {input.shards} --bench-prompts {params.bench_prompts}"
+        " --out {output.json} --md {output.md} > {log} 2>&1"

@@ -1,0 +1,260 @@
+# Training in rounds, when the plan finds the hidden states larger than extract.disk_budget (docs/planning.md).
+# Answers are regenerated once per shard; then, epoch by epoch and round by round in each epoch's order, a
+# round's pieces of every shard are extracted, validated, merged and trained on, and deleted (temp) once its
+# training is done. The next round's extraction waits for that training, so states on disk never exceed one
+# round plus the held-out samples, which are extracted once and kept for the final evaluation.
+
+
+SHARDS_PATHS = list(rules.shard.output.shards)
+
+
+wildcard_constraints:
+    epoch=r"\d+",
+    pos=r"\d+",
+    round=r"\d+",
+
+
+def previous_position(epoch, pos):
+    """The (epoch, position) trained just before, or None for the first."""
+    if pos > 0:
+        return epoch, pos - 1
+    return (epoch - 1, ROUNDS - 1) if epoch > 0 else None
+
+
+def get_round_gate(wildcards):
+    """A round's extraction waits until the round before it has trained (and its states were deleted)."""
+    epoch = int(wildcards.epoch)
+    prev = previous_position(epoch, ROUND_ORDER[epoch].index(int(wildcards.round)))
+    if prev is None:
+        return {}
+    return {"gate": f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/record.json"}
+
+
+def get_round_input(wildcards):
+    """The round this position trains, its states, and the state the position before handed on."""
+    epoch, pos = int(wildcards.epoch), int(wildcards.pos)
+    rid = ROUND_ORDER[epoch][pos]
+    out = {
+        "dataset": rules.merge_round.output.manifest.format(epoch=epoch, round=rid),
+        "shards": expand(rules.extract_round.output.shard, epoch=epoch, round=rid, shard=SHARDS),
+        "answers": [answers_path(s) for s in SHARDS],
+    }
+    prev = previous_position(epoch, pos)
+    if prev is not None:
+        out["state"] = f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/state.pt"
+    return out
+
+
+rule regenerate:
+    input:
+        unpack(target_input),
+        shard=f"{RESULTS}/shards/{{shard}}.parquet",
+        probe=ancient(rules.probe.output.json),
+        mask=ancient(rules.mask_check.output.json),
+    output:
+        answers=f"{RESULTS}/answers/{{shard}}.parquet",
+        stamp=f"{RESULTS}/answers/{{shard}}.json",
+    log:
+        f"{RESULTS}/logs/regenerate/{{shard}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/regenerate/{{shard}}.tsv"
+    retries: 1
+    conda:
+        "../../envs/gpu.yaml"
+    threads: cpu_threads()
+    resources:
+        gpu=extract_gpus,
+        budget_div=lambda wildcards, attempt: 2 ** (attempt - 1),
+    params:
+        target=target_path(),
+        tcfg=target_json(drop=DATA_JOB_DROP),
+        dcfg=as_json("data"),
+    shell:
+        "python -m draftsmith.steps.regenerate --target {params.target} --shard {input.shard} --probe {input.probe}"
+        " --target-json {params.tcfg} --data-json {params.dcfg} --budget-div {resources.budget_div}"
+        " --threads {threads} --out {output.answers} > {log} 2>&1"
+
+
+use rule extract as extract_round with:
+    input:
+        unpack(target_input),
+        unpack(get_round_gate),
+        shard=get_answers,
+        probe=ancient(rules.probe.output.json),
+        mask=ancient(rules.mask_check.output.json),
+    output:
+        shard=temp(f"{RESULTS}/rounds/e{{epoch}}/{{shard}}.r{{round}}.safetensors"),
+        manifest=temp(f"{RESULTS}/rounds/e{{epoch}}/{{shard}}.r{{round}}.json"),
+    log:
+        f"{RESULTS}/logs/rounds/e{{epoch}}/extract/{{shard}}.r{{round}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/rounds/e{{epoch}}/extract/{{shard}}.r{{round}}.tsv"
+    params:
+        target=target_path(),
+        tcfg=target_json(drop=DATA_JOB_DROP),
+        dcfg=as_json("data"),
+        taps=as_json("taps"),
+        ecfg=as_json("extract", drop=EXTRACT_DROP),
+        rows=lambda wildcards: (
+            f"--answered --rows-json {rows_json('round', wildcards.round)}"
+            f" --round-budget {PLAN['budget_bytes']} --base-shards {' '.join(SHARDS_PATHS)}"
+        ),
+
+
+use rule validate as validate_round with:
+    input:
+        unpack(target_input),
+        prepared=f"{RESULTS}/shards/{{shard}}.parquet",
+        shard=rules.extract_round.output.shard,
+        manifest=rules.extract_round.output.manifest,
+        probe=ancient(rules.probe.output.json),
+    output:
+        report=f"{RESULTS}/rounds/e{{epoch}}/{{shard}}.r{{round}}.valid.json",
+    log:
+        f"{RESULTS}/logs/rounds/e{{epoch}}/validate/{{shard}}.r{{round}}.log",
+    params:
+        target=target_path(),
+        tcfg=target_json(drop=DATA_JOB_DROP),
+        ecfg=as_json("extract", drop=EXTRACT_DROP),
+        rows=lambda wildcards: f"--data-json {as_json('data')} --rows-json {rows_json('round', wildcards.round)}",
+
+
+use rule merge as merge_round with:
+    input:
+        shards=expand(rules.extract_round.output.shard, shard=SHARDS, allow_missing=True),
+        manifests=expand(
+            rules.extract_round.output.manifest, shard=SHARDS, allow_missing=True
+        ),
+        validations=expand(
+            rules.validate_round.output.report, shard=SHARDS, allow_missing=True
+        ),
+    output:
+        manifest=f"{RESULTS}/rounds/e{{epoch}}/r{{round}}/manifest.json",
+    log:
+        f"{RESULTS}/logs/rounds/e{{epoch}}/merge.r{{round}}.log",
+
+
+use rule extract as extract_heldout with:
+    input:
+        unpack(target_input),
+        shard=get_answers,
+        probe=ancient(rules.probe.output.json),
+        mask=ancient(rules.mask_check.output.json),
+    output:
+        shard=f"{RESULTS}/rounds/heldout/{{shard}}.safetensors",
+        manifest=f"{RESULTS}/rounds/heldout/{{shard}}.json",
+    log:
+        f"{RESULTS}/logs/rounds/heldout/extract/{{shard}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/rounds/heldout/extract/{{shard}}.tsv"
+    params:
+        target=target_path(),
+        tcfg=target_json(drop=DATA_JOB_DROP),
+        dcfg=as_json("data"),
+        taps=as_json("taps"),
+        ecfg=as_json("extract", drop=EXTRACT_DROP),
+        rows=f"--answered --rows-json {rows_json('heldout')}",
+
+
+use rule validate as validate_heldout with:
+    input:
+        unpack(target_input),
+        prepared=f"{RESULTS}/shards/{{shard}}.parquet",
+        shard=rules.extract_heldout.output.shard,
+        manifest=rules.extract_heldout.output.manifest,
+        probe=ancient(rules.probe.output.json),
+    output:
+        report=f"{RESULTS}/rounds/heldout/{{shard}}.valid.json",
+    log:
+        f"{RESULTS}/logs/rounds/heldout/validate/{{shard}}.log",
+    params:
+        target=target_path(),
+        tcfg=target_json(drop=DATA_JOB_DROP),
+        ecfg=as_json("extract", drop=EXTRACT_DROP),
+        rows=f"--data-json {as_json('data')} --rows-json {rows_json('heldout')}",
+
+
+use rule merge as merge_heldout with:
+    input:
+        shards=expand(rules.extract_heldout.output.shard, shard=SHARDS),
+        manifests=expand(rules.extract_heldout.output.manifest, shard=SHARDS),
+        validations=expand(rules.validate_heldout.output.report, shard=SHARDS),
+    output:
+        manifest=f"{RESULTS}/rounds/heldout/manifest.json",
+    log:
+        f"{RESULTS}/logs/rounds/heldout/merge.log",
+
+
+rule train_round:
+    input:
+        unpack(target_input),
+        unpack(get_round_input),
+    output:
+        state=temp(f"{RESULTS}/rounds/e{{epoch}}/p{{pos}}/state.pt"),
+        record=f"{RESULTS}/rounds/e{{epoch}}/p{{pos}}/record.json",
+        metrics=f"{RESULTS}/rounds/e{{epoch}}/p{{pos}}/metrics.csv",
+    log:
+        f"{RESULTS}/logs/rounds/e{{epoch}}/p{{pos}}/train.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/rounds/e{{epoch}}/p{{pos}}/train.tsv"
+    conda:
+        "../../envs/draftsmith.yaml"
+    threads: train_threads()
+    resources:
+        gpu=train_gpus(),
+    params:
+        target=target_path(),
+        drafter=as_json("drafter"),
+        train=as_json("train"),
+        tcfg=target_json(drop=("dtype", "expect")),
+        data=as_json("data", drop=("path",)),
+        rows=rows_json("round"),
+        order=shlex.quote(json.dumps(ROUND_ORDER)),
+        previous=lambda wildcards, input: f"--previous {input.state}" if "state" in input.keys() else "",
+    shell:
+        "python -m draftsmith.steps.train_round --dataset {input.dataset} --target {params.target}"
+        " --epoch {wildcards.epoch} --position {wildcards.pos} --order {params.order} {params.previous}"
+        " --answers {input.answers} --rows-json {params.rows} --data-json {params.data}"
+        " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
+        " --threads {threads} --state {output.state} --record {output.record} --metrics {output.metrics} > {log} 2>&1"
+
+
+# With rounds, `train` makes the same outputs from the last round's state, evaluated on the held-out samples.
+rule train:
+    input:
+        unpack(target_input),
+        state=f"{RESULTS}/rounds/e{EPOCHS - 1}/p{ROUNDS - 1}/state.pt",
+        heldout=rules.merge_heldout.output.manifest,
+        heldout_shards=rules.merge_heldout.input.shards,
+        records=[
+            f"{RESULTS}/rounds/e{e}/p{p}/record.json"
+            for e in range(EPOCHS)
+            for p in range(ROUNDS)
+        ],
+    output:
+        final=directory(f"{RESULTS}/train/final"),
+        metrics=f"{RESULTS}/train/metrics.csv",
+        summary=f"{RESULTS}/train/summary.json",
+        curves=report(
+            f"{RESULTS}/train/curves.png",
+            caption="../report/training.rst",
+            category="Training",
+        ),
+    log:
+        f"{RESULTS}/logs/train.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    threads: train_threads()
+    resources:
+        gpu=min(1, train_gpus()),
+    params:
+        target=target_path(),
+        out=lambda wildcards, output: os.path.dirname(output.metrics),
+        drafter=as_json("drafter"),
+        train=as_json("train"),
+        tcfg=target_json(drop=("dtype", "expect")),
+    shell:
+        "python -m draftsmith.steps.train_final --state {input.state} --heldout {input.heldout}"
+        " --records {input.records} --target {params.target} --out {params.out}"
+        " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
+        " --threads {threads} > {log} 2>&1"
