@@ -10,6 +10,10 @@ the recovery path that runs afterwards is the production one:
                               to DRAFTSMITH_PAUSE_FILE and waits until that file changes: a test can SIGKILL
                               it mid-write, or start a second run against it. One pause per drill: a job that
                               finds the file already there (a retry of the killed one) goes on.
+  DRAFTSMITH_DAMAGE_AT=NAME   the extraction job writing the shard file NAME (e.g. `shard001.r2.safetensors`)
+                              zeroes its last 64 bytes once it is complete, as a failing disk or writer would;
+                              validation must catch it. Once per drill, like the pause (DRAFTSMITH_PAUSE_FILE's
+                              folder keeps a mark).
 """
 
 from __future__ import annotations
@@ -57,3 +61,20 @@ def pause(point: str, poll: float = 0.05) -> None:
     write_text(flag, mine)
     while flag.exists() and flag.read_text() == mine:
         time.sleep(poll)
+
+
+DAMAGED_BYTES = 64
+
+
+def damage(path: str | Path) -> None:
+    """Zeroes the tail of a finished shard file when DRAFTSMITH_DAMAGE_AT names it (the first time only)."""
+    path = Path(path)
+    if os.environ.get("DRAFTSMITH_DAMAGE_AT") != path.name:
+        return
+    mark = Path(os.environ.get("DRAFTSMITH_PAUSE_FILE", str(path) + ".pause")).with_suffix(".damaged")
+    if mark.exists():
+        return
+    write_text(mark, f"{path}\n")
+    with path.open("r+b") as f:
+        f.seek(-DAMAGED_BYTES, os.SEEK_END)
+        f.write(bytes(DAMAGED_BYTES))

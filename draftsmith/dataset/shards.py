@@ -107,7 +107,9 @@ def reserve(fd: int, size: int, path: Path) -> None:
         if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate there: a sparse file as before
             os.close(fd)
             path.unlink(missing_ok=True)
-            raise OSError(e.errno, f"cannot reserve {size} bytes for {path} ({e.strerror}): the disk is full") from None
+            raise OSError(
+                e.errno, f"cannot reserve {size} bytes for {path} ({e.strerror}): the disk is full"
+            ) from None
         os.ftruncate(fd, size)
 
 

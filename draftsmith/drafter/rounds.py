@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from draftsmith.core import faults
 from draftsmith.core.distributed import setup_device, wrap_ddp
 from draftsmith.core.io import atomic, write_json
 from draftsmith.core.runtime import resolve_dtype
@@ -229,6 +230,7 @@ def _train_steps(run: TrainingRun, plans: RoundPlans, me: Position, metrics_path
                 t0=t0,
             )
         bar.update(1)
+        faults.pause(f"train_round:e{me.epoch}p{me.position}")  # a kill drill, mid-round
     bar.close()
     if metrics is not None:
         metrics[0].close()

@@ -237,7 +237,7 @@ def make_plan(
         "taps": taps,
         "hidden": hidden,
         "max_length": int(config["data"]["max_length"]),
-        "regenerate": config["data"]["regenerate"],
+        "answers": [config["data"]["regenerate"][k] for k in ("enabled", "max_new_tokens")],
         "base_shards": base_shards,
         "heldout_fraction": float(config["train"]["heldout_fraction"]),
     }

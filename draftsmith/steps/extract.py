@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.config import resolve_taps, section_arg
+from draftsmith.core import faults
 from draftsmith.core.gpu_pool import acquire
 from draftsmith.core.io import read_json, read_samples, write_json
 from draftsmith.core.runtime import set_threads, setup_logging
@@ -129,7 +130,9 @@ def main(argv: list[str] | None = None) -> None:
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         try:
             checksum, stats = extract_samples(model, samples, taps, out, budget, ecfg["storage"], pad)
-        except OSError as e:  # the disk could not hold the shard: found when the file is laid out, not mid-write
+        except (
+            OSError
+        ) as e:  # the disk could not hold the shard: found when the file is laid out, not mid-write
             stop(f"extract: {e}")
         except torch.OutOfMemoryError as e:
             stop(
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         kernels=kernels,
     )
     write_json(args.manifest, manifest)
+    faults.damage(out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pandas as pd
 
 from draftsmith.core.io import write_json, write_text
 from draftsmith.core.runtime import setup_logging
-from draftsmith.plan.plan import PlanError, make_plan, render, unpin
+from draftsmith.plan.plan import PlanError, make_plan, pin, render, unpin
 from draftsmith.plan.rounds import round_tokens
 
 
@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gpu-name", default="")
     p.add_argument("--shards", nargs="+", required=True, help="the prepared shards")
     p.add_argument("--bench-prompts", type=int, default=0)
+    p.add_argument("--rounds", type=int, required=True, help="the rounds the DAG was built with")
     p.add_argument("--out", required=True)
     p.add_argument("--md", required=True)
     args = p.parse_args(argv)
@@ -41,6 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     except PlanError as e:
         unpin(config)
         sys.exit(f"plan: {e}")
+    if plan["rounds"] != args.rounds:
+        unpin(config)
+        sys.exit(
+            f"plan: the workflow was planned with {args.rounds} round(s), but with the data on disk now the plan "
+            f"gives {plan['rounds']} (the data was not readable when the run started). Rerun snakemake: it plans "
+            "again; nothing has been extracted yet"
+        )
     if "bytes_per_token" in plan:
         shards = [pd.read_parquet(s, columns=["id", "num_tokens", "prompt_len"]) for s in args.shards]
         rounds, held = round_tokens(shards, config, rounds=int(plan["rounds"]))
@@ -56,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
                 "rounds were planned from an estimate). Rerun snakemake: it plans again from the measured "
                 "data; nothing has been extracted yet"
             )
+    pin(config, plan)
     logging.info("plan:\n%s", render(plan))
     write_json(args.out, plan)
     write_text(args.md, "# The run's plan\n\n" + render(plan) + "\n")

@@ -131,47 +131,6 @@ def num_shards():
 SHARDS = [f"shard{i:03d}" for i in range(num_shards())]
 
 
-def bench_prompt_count():
-    """Bench prompts the plan counts: the prompt files here now, capped by bench.max_prompts."""
-    total = 0
-    for d in config["bench"]["datasets"]:
-        n, _ = count_records(local_path(d["path"]))
-        cap = config["bench"]["max_prompts"]
-        total += min(n, cap) if cap else n
-    return total
-
-
-def plan_gpu_name():
-    """The GPU class the plan's rates come from: the probe's reading, else nvidia-smi's, else unknown."""
-    probe = Path(f"{config['results']}/probe.json")
-    if probe.exists() and (gpus := probe_value(probe, "gpus")):
-        return gpus[0]["name"]
-    names = gpu_names()
-    return names[0] if names else ("unknown GPU" if NODE_GPUS else None)
-
-
-# The plan: disk and GPU-hours, and the rounds that keep hidden states under extract.disk_budget. Fixed here,
-# so `snakemake -n` lists every round; kept in RESULTS/plan/rounds.json while the budget setting stays.
-try:
-    PLAN = make_plan(
-        config,
-        paths=data_paths(),
-        gpus=NODE_GPUS,
-        gpu_name=plan_gpu_name(),
-        base_shards=len(SHARDS),
-        bench_prompts=bench_prompt_count(),
-    )
-except PlanError as e:
-    raise WorkflowError(f"plan: {e}")
-if problems := rounds_problems(config, PLAN["rounds"]):
-    raise WorkflowError(problems_message(problems))
-pin(config, PLAN)
-print(f"plan:\n{render(PLAN)}", file=sys.stderr)
-ROUNDS = PLAN["rounds"]
-EPOCHS = int(math.ceil(float(config["train"]["epochs"])))
-# round ids in the order each epoch trains them (a fresh order each epoch)
-ROUND_ORDER = [round_order(ROUNDS, e, int(config["train"]["seed"])) for e in range(EPOCHS)]
-EXTRACT_DROP = ("disk_budget",)  # a budget changes rounds, never the bytes of a shard
 
 
 def probe_value(path, key):
@@ -296,3 +255,46 @@ def study_args(wildcards, input):
         )
         for name in names
     )
+
+
+def bench_prompt_count():
+    """Bench prompts the plan counts: the prompt files here now, capped by bench.max_prompts."""
+    total = 0
+    for d in config["bench"]["datasets"]:
+        n, _ = count_records(local_path(d["path"]))
+        cap = config["bench"]["max_prompts"]
+        total += min(n, cap) if cap else n
+    return total
+
+
+def plan_gpu_name():
+    """The GPU class the plan's rates come from: the probe's reading, else nvidia-smi's, else unknown."""
+    probe = Path(f"{config['results']}/probe.json")
+    if probe.exists() and (gpus := probe_value(probe, "gpus")):
+        return gpus[0]["name"]
+    names = gpu_names()
+    return names[0] if names else ("unknown GPU" if NODE_GPUS else None)
+
+
+# The plan: disk and GPU-hours, and the rounds that keep hidden states under extract.disk_budget. Fixed here,
+# so `snakemake -n` lists every round; kept in RESULTS/plan/rounds.json while the budget setting stays.
+try:
+    PLAN = make_plan(
+        config,
+        paths=data_paths(),
+        gpus=NODE_GPUS,
+        gpu_name=plan_gpu_name(),
+        base_shards=len(SHARDS),
+        bench_prompts=bench_prompt_count(),
+    )
+except PlanError as e:
+    raise WorkflowError(f"plan: {e}")
+if problems := rounds_problems(config, PLAN["rounds"]):
+    raise WorkflowError(problems_message(problems))
+pin(config, PLAN)
+print(f"plan:\n{render(PLAN)}", file=sys.stderr)
+ROUNDS = PLAN["rounds"]
+EPOCHS = int(math.ceil(float(config["train"]["epochs"])))
+# round ids in the order each epoch trains them (a fresh order each epoch)
+ROUND_ORDER = [round_order(ROUNDS, e, int(config["train"]["seed"])) for e in range(EPOCHS)]
+EXTRACT_DROP = ("disk_budget",)  # a budget changes rounds, never the bytes of a shard

@@ -42,7 +42,9 @@ rule plan:
         gpus=NODE_GPUS,
         gpu=shlex.quote(plan_gpu_name() or ""),
         bench_prompts=bench_prompt_count(),
+        rounds=ROUNDS,
     shell:
         "python -m draftsmith.steps.plan --config-json {params.config} --paths {params.paths} --gpus {params.gpus}"
         " --gpu-name {params.gpu} --shards {input.shards} --bench-prompts {params.bench_prompts}"
+        " --rounds {params.rounds}"
         " --out {output.json} --md {output.md} > {log} 2>&1"
