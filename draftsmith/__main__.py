@@ -9,6 +9,7 @@ import sys
 # command -> (module with a `main(argv) -> int`, what it does)
 COMMANDS = {
     "init": ("draftsmith.init", "write a commented config.yaml for a new target model"),
+    "plan": ("draftsmith.plan.cli", "print the run's plan: disk, rounds and GPU-hours, before anything runs"),
 }
 
 

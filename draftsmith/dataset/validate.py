@@ -100,11 +100,15 @@ def recompute_checks(
     return failures, rows
 
 
-def quarantine(shard_path: Path, manifest_path: Path) -> Path:
-    """Moves a bad shard aside (kept for inspection) so the next run recomputes just that shard."""
+def quarantine(shard_path: Path, manifest_path: Path, *, keep_states: bool = True) -> Path:
+    """Moves a bad shard aside (kept for inspection) so the next run recomputes just that shard. Under a disk
+    budget (`keep_states=False`, training in rounds) the states are deleted and only the manifest is kept: a
+    kept copy would take the room the budget handed to its replacement."""
     qdir = shard_path.parent / "quarantine"
     qdir.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    if not keep_states:
+        shard_path.unlink(missing_ok=True)
     for p in (shard_path, manifest_path):
         if p.exists():
             os.replace(p, qdir / f"{p.name}.{stamp}")

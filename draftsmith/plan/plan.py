@@ -17,6 +17,7 @@ from draftsmith.plan.rounds import rounds_needed
 from draftsmith.plan.sizes import drafter_params, human, parse_size, token_bytes, training_bytes
 
 RATES = Path(__file__).with_name("rates.yaml")
+SHAPES = Path(__file__).resolve().parents[2] / "configs" / "shapes"  # real targets' text shapes
 PINNED = "plan/rounds.json"  # under RESULTS: the rounds decided for this budget setting, kept across parses
 STATE_DIRS = ("extract", "rounds")  # under RESULTS: where this run's hidden states lie
 
@@ -57,6 +58,10 @@ def target_shape(config: dict) -> tuple[dict | None, str]:
         return text_config(path), f"{path}/config.json"
     expect = config["target"].get("expect") or {}
     if "hidden_size" in expect and "num_hidden_layers" in expect:
+        for shape_file in sorted(SHAPES.glob("*.json")):
+            shape = json.loads(shape_file.read_text())
+            if all(shape.get(k) == v for k, v in expect.items()):
+                return shape, f"configs/shapes/{shape_file.name}, which matches target.expect"
         return dict(expect), "target.expect"
     return None, "unknown before the target is fetched (set target.expect)"
 
@@ -269,6 +274,7 @@ def make_plan(
         shape,
         params,
         gpu_name=gpu_name,
+        gpus=gpus,
         passes=plan["extraction_passes"],
         bench_prompts=bench_prompts,
     )
@@ -291,59 +297,54 @@ def stage_hours(
     params: int,
     *,
     gpu_name: str | None,
+    gpus: int,
     passes: int,
     bench_prompts: int | None,
 ) -> dict:
-    """GPU-hours of each stage (summed over GPUs), from the class's rates scaled to this target and drafter."""
+    """GPU-hours of each stage (summed over GPUs), from the class's rates scaled to this target and drafter,
+    with the GPUs each stage spreads over (every GPU, or train.gpus for training)."""
     cls, ref = gpu_class(gpu_name), rate_table()["reference"]
     tscale = float(ref["target_params"]) / target_params(shape)
     dscale = float(ref["drafter_params"]) / max(1, params)
-    n, epochs = size.samples, float(config["train"]["epochs"])
-    out: dict = {}
-    regen = config["data"]["regenerate"]
-    if regen["enabled"]:
-        rate, src = _rate(cls, "regenerate_new_tokens_s", tscale)
-        prefill, _ = _rate(cls, "extract_tokens_s", tscale)
-        seconds = n * size.answer_tokens / rate + n * size.prompt_tokens / prefill
-        out["regeneration"] = {
-            "gpu_hours": seconds / 3600,
+    n, epochs, every = size.samples, float(config["train"]["epochs"]), max(1, gpus)
+    trainers = max(1, min(int(config["train"]["gpus"]), gpus))
+
+    def stage(seconds: float, key: str, scale: float, unit: str, note: str = "", on: int = every) -> dict:
+        rate, src = _rate(cls, key, scale)
+        return {
+            "gpu_hours": seconds / rate / 3600,
             "rate": rate,
-            "unit": "new tokens/s",
-            "source": src,
+            "unit": unit,
+            "source": note + src,
+            "gpus": on,
         }
-    rate, src = _rate(cls, "extract_tokens_s", tscale)
-    per_epoch = n * size.tokens_bound / rate / 3600
-    out["extract per epoch"] = {"gpu_hours": per_epoch, "rate": rate, "unit": "tokens/s", "source": src}
-    out["extract, all passes"] = {
-        "gpu_hours": per_epoch * passes,
-        "rate": rate,
-        "unit": "tokens/s",
-        "source": f"{passes} pass(es)",
-    }
-    rate, src = _rate(cls, "train_tokens_s", dscale)
-    train_epoch = n * (1 - float(config["train"]["heldout_fraction"])) * size.tokens_bound / rate / 3600
-    out["train per epoch"] = {"gpu_hours": train_epoch, "rate": rate, "unit": "tokens/s", "source": src}
-    out["train, all epochs"] = {
-        "gpu_hours": train_epoch * epochs,
-        "rate": rate,
-        "unit": "tokens/s",
-        "source": f"{epochs:g} epochs",
-    }
-    bench = config["bench"]
-    prompts = bench_prompts if bench_prompts is not None else 0
-    decodes = (
-        len(bench["methods"])
-        - ("ddtree" in bench["methods"])
-        + len(bench["ddtree_budgets"]) * ("ddtree" in bench["methods"])
+
+    out: dict = {}
+    if config["data"]["regenerate"]["enabled"]:  # decoding, and the prompts' prefill at the forward's rate
+        out["regeneration"] = stage(n * size.answer_tokens, "regenerate_new_tokens_s", tscale, "new tokens/s")
+        out["regeneration"]["gpu_hours"] += stage(n * size.prompt_tokens, "extract_tokens_s", tscale, "")[
+            "gpu_hours"
+        ]
+    out["extract per epoch"] = stage(n * size.tokens_bound, "extract_tokens_s", tscale, "tokens/s")
+    out["extract, all passes"] = stage(
+        n * size.tokens_bound * passes, "extract_tokens_s", tscale, "tokens/s", f"{passes} pass(es); "
     )
-    rate, src = _rate(cls, "bench_tokens_s", tscale)
-    bench_s = prompts * int(bench["max_new_tokens"]) * max(1, decodes) / rate
-    out["bench"] = {
-        "gpu_hours": bench_s / 3600,
-        "rate": rate,
-        "unit": "tokens/s",
-        "source": f"{prompts} prompts; {src}",
-    }
+    trained = n * (1 - float(config["train"]["heldout_fraction"])) * size.tokens_bound
+    out["train per epoch"] = stage(trained, "train_tokens_s", dscale, "tokens/s", on=trainers)
+    out["train, all epochs"] = stage(
+        trained * epochs, "train_tokens_s", dscale, "tokens/s", f"{epochs:g} epochs; ", trainers
+    )
+    bench = config["bench"]
+    tree = "ddtree" in bench["methods"]
+    decodes = max(1, len(bench["methods"]) - tree + len(bench["ddtree_budgets"]) * tree)
+    prompts = bench_prompts or 0
+    out["bench"] = stage(
+        prompts * int(bench["max_new_tokens"]) * decodes,
+        "bench_tokens_s",
+        tscale,
+        "tokens/s",
+        f"{prompts} prompts; ",
+    )
     return out
 
 
@@ -397,7 +398,8 @@ def render(plan: dict) -> str:
         rows.append(
             (
                 f"GPU-hours: {stage}",
-                f"{s['gpu_hours']:,.2f}",
+                f"{s['gpu_hours']:,.2f}"
+                + (f" ({s['gpu_hours'] / s['gpus']:,.2f} h on {s['gpus']})" if s["gpus"] > 1 else ""),
                 f"{s['rate']:,.1f} {s['unit']} a GPU; {s['source']}",
             )
         )

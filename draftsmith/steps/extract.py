@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--answered", action="store_true", help="--shard holds the answers already: no regeneration"
     )
     p.add_argument("--rows-json", default=None, help="the rows of --shard this job holds (rounds)")
-    p.add_argument("--round-budget", type=int, default=None, help="bytes the round may take (rounds)")
+    p.add_argument("--round-plan", default=None, help="the plan (plan.json): the budget the round must fit")
     p.add_argument("--base-shards", nargs="*", default=[], help="every prepared shard (for the round's size)")
     return p.parse_args(argv)
 
@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.rows_json:
         rows = json.loads(args.rows_json)
         samples = select_rows(samples, rows, dcfg)
-        if args.round_budget is not None:
-            check_round(args.base_shards, rows, dcfg, args.round_budget, plan, ecfg["storage"])
+        if args.round_plan is not None:
+            budget = int(read_json(args.round_plan)["budget_bytes"])
+            check_round(args.base_shards, rows, dcfg, budget, plan, ecfg["storage"])
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered
     target_dir = resolve_target(args.target)
     try:  # before any GPU work: a full disk is a message now, not a crash hours in

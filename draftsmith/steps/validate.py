@@ -39,9 +39,14 @@ def main(argv: list[str] | None = None) -> None:
     name = shard.stem
 
     def fail(check: str, failures: list[str]) -> None:
-        where = quarantine(shard, mpath)
+        where = quarantine(shard, mpath, keep_states=not args.rows_json)
         msg = f"shard {name}: {check} check failed:\n  " + "\n  ".join(failures[:20])
-        msg += f"\nmoved the shard to {where}/; rerun snakemake to recompute only this shard"
+        what = (
+            "moved the shard"
+            if not args.rows_json
+            else "deleted its states (disk budget) and moved its manifest"
+        )
+        msg += f"\n{what} to {where}/; rerun snakemake to recompute only this shard"
         logging.error(msg)
         sys.exit(msg)
 

@@ -82,6 +82,7 @@ use rule extract as extract_round with:
         shard=get_answers,
         probe=ancient(rules.probe.output.json),
         mask=ancient(rules.mask_check.output.json),
+        plan=ancient(rules.plan.output.json),
     output:
         shard=temp(f"{RESULTS}/rounds/e{{epoch}}/{{shard}}.r{{round}}.safetensors"),
         manifest=temp(f"{RESULTS}/rounds/e{{epoch}}/{{shard}}.r{{round}}.json"),
@@ -97,7 +98,7 @@ use rule extract as extract_round with:
         ecfg=as_json("extract", drop=EXTRACT_DROP),
         rows=lambda wildcards: (
             f"--answered --rows-json {rows_json('round', wildcards.round)}"
-            f" --round-budget {PLAN['budget_bytes']} --base-shards {' '.join(SHARDS_PATHS)}"
+            f" --round-plan {RESULTS}/plan.json --base-shards {' '.join(SHARDS_PATHS)}"
         ),
 
 

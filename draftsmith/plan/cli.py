@@ -1,0 +1,88 @@
+"""`python -m draftsmith plan --configfile F`: the run's plan, printed before anything runs (the same table
+`snakemake -n` prints), for this machine or for the node it names."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def load_config(files: list[str], results_free: str | None) -> dict:
+    """The config files merged in order, as Snakemake merges several --configfile, with the schema's defaults."""
+    import yaml
+    from snakemake.utils import update_config, validate
+
+    from draftsmith.config import SCHEMA
+
+    config: dict = {}
+    for f in files:
+        update_config(config, yaml.safe_load(Path(f).read_text()) or {})
+    validate(config, str(SCHEMA))
+    return config
+
+
+def data_files(config: dict) -> list[str]:
+    """The training files as the workflow reads them (a URL's copy once fetched; the demo's once built)."""
+    from draftsmith.config import data_sources, is_url
+    from draftsmith.dataset.fetch import fetched_name
+
+    results = config["results"]
+    out = []
+    for p in data_sources(config):
+        if p == "demo":
+            out.append(f"{results}/demo/data/train.jsonl")
+        elif is_url(p):
+            out.append(f"{results}/inputs/web/{fetched_name(p)}")
+        else:
+            out.append(p)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m draftsmith plan", description=__doc__)
+    p.add_argument("--configfile", nargs="+", default=["config.yaml"], help="config files, merged in order")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs of the node (default: those visible here)")
+    p.add_argument("--gpu", default=None, help="the GPU's name, for its rates (e.g. 'RTX PRO 6000', 'H200')")
+    p.add_argument(
+        "--free", default=None, help="free space of the results disk, e.g. 20TB (default: measured here)"
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    a = p.parse_args(argv)
+    import os
+
+    from draftsmith.core.gpu_pool import gpu_names, visible_gpus
+    from draftsmith.plan.data import count_records
+    from draftsmith.plan.plan import PlanError, make_plan, render
+    from draftsmith.plan.sizes import parse_size
+
+    config = load_config(a.configfile, a.free)
+    if a.free is not None:
+        os.environ["DRAFTSMITH_FREE_BYTES"] = str(parse_size(a.free, key="--free"))
+    gpus = len(visible_gpus()) if a.gpus is None else a.gpus
+    name = a.gpu or next(iter(gpu_names()), None) or ("unknown GPU" if gpus else None)
+    ext = config["extract"]
+    shards = (
+        int(ext["shards"])
+        if ext["shards"] != "auto"
+        else (gpus or int(ext["cpu_slots"])) * int(ext["shards_per_slot"])
+    )
+    cap = config["bench"]["max_prompts"]
+    prompts = sum(
+        min(n, cap) if cap else n for n, _ in (count_records(d["path"]) for d in config["bench"]["datasets"])
+    )
+    try:
+        plan = make_plan(
+            config,
+            paths=data_files(config),
+            gpus=gpus,
+            gpu_name=name,
+            base_shards=shards,
+            bench_prompts=prompts,
+        )
+    except PlanError as e:
+        print(f"plan: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan, indent=2, default=str) if a.json else render(plan))
+    return 0

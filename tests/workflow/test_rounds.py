@@ -1,0 +1,222 @@
+"""Training in rounds under a disk budget, through the Snakemake CLI: three rounds over two epochs on a tiny real
+target, with a damaged shard in the second round and a training job killed mid-round, the states on disk
+measured while it runs, and what reruns when keys change."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, job_counts, make_workflow, snakemake
+
+from draftsmith.plan.rounds import round_order
+
+BUDGET = 260_000  # bytes: three rounds of the 24 records' states (about 500 KB in bf16)
+RECORDS = 24
+UPSTREAM = {"prepare", "shard", "probe", "mask_check", "regenerate", "extract_heldout", "validate_heldout"}
+
+
+def states_bytes(res: Path) -> int:
+    """Hidden-state bytes on disk now: every shard file of the rounds (held-out ones included), as allocated."""
+    total = 0
+    for p in (res / "rounds").rglob("*.safetensors*"):
+        try:
+            total += p.stat().st_blocks * 512
+        except FileNotFoundError:  # deleted between the listing and the stat
+            pass
+    return total
+
+
+class Peak:
+    """Samples the states on disk every few milliseconds while a run goes on."""
+
+    def __init__(self, res: Path):
+        self.res, self.peak, self._stop = res, 0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, states_bytes(self.res))
+            time.sleep(0.005)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before it reached {path.name}: {proc.communicate()[0][-3000:]}"
+        assert time.monotonic() < deadline, f"no {path.name} after {timeout}s"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def rounds_run(tmp_path_factory, tokenizer) -> dict:
+    """Three runs of one workflow in three rounds over two epochs: the first meets a damaged shard in epoch 0's
+    second round and stops at its validation; the second is held in the middle of epoch 1's second round and its
+    training job SIGKILLed; the third, plain `snakemake`, finishes. The states on disk are sampled all along."""
+    root = tmp_path_factory.mktemp("rounds")
+    data = root / "short.jsonl"  # short prompts: every sample reaches max_length, estimated or measured
+    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(RECORDS)))
+    config = make_workflow(
+        root,
+        tokenizer,
+        extract={"shards": 2, "validate_samples": 1, "disk_budget": BUDGET},
+        data={"path": str(data), "max_length": 64, "regenerate": {"enabled": True, "max_new_tokens": 64}},
+        drafter={"num_layers": 1, "block_size": 4},
+        train={"epochs": 2, "anchors_per_seq": 8, "token_budget": 512},
+        bench={
+            "datasets": [{"name": "tiny", "path": str(root / "prompts.jsonl")}],
+            "max_new_tokens": 8,
+            "ddtree_budgets": [4],
+            "fp32_check_prompts": 0,
+        },
+    )
+    res, cfg = root / "results", ["--configfile", str(config)]
+    seen: dict = {"dry": snakemake("-n", *cfg).stdout}
+    second = round_order(3, 0, 0)[1]
+    flag = root / "pause"
+    env = {"DRAFTSMITH_DAMAGE_AT": f"shard001.r{second}.safetensors", "DRAFTSMITH_PAUSE_FILE": str(flag)}
+    peak = Peak(res)
+    seen["damaged"] = snakemake(*cfg, check=False, env=env)
+    seen["damage_log"] = (res / f"logs/rounds/e0/validate/shard001.r{second}.log").read_text()
+    seen["quarantined"] = sorted(p.name for p in (res / "rounds/e0/quarantine").iterdir())
+    seen["after_damage"] = {p.name: p.stat().st_mtime_ns for p in (res / "rounds/e0").glob("*.valid.json")}
+    run_env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        DRAFTSMITH_PAUSE_AT="train_round:e1p1",
+        DRAFTSMITH_PAUSE_FILE=str(flag),
+    )
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--cores", "2", *cfg],
+        cwd=REPO,
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(flag, killed)
+        seen["records_before_kill"] = {p: p.stat().st_mtime_ns for p in (res / "rounds").glob("e*/p*/record.json")}
+        os.kill(int(flag.read_text()), signal.SIGKILL)
+        seen["killed_out"] = killed.communicate(timeout=300)[0]
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+            killed.wait()
+    seen["killed_rc"] = killed.returncode
+    seen["resumed"] = snakemake(*cfg, check=False)
+    seen["peak"] = peak.stop()
+    seen["records"] = {p: p.stat().st_mtime_ns for p in (res / "rounds").glob("e*/p*/record.json")}
+    return {"root": root, "res": res, "config": config, "seen": seen, "second": second}
+
+
+def test_dry_run_lists_the_rounds(rounds_run):
+    counts = job_counts(rounds_run["seen"]["dry"])
+    assert counts["train_round"] == 6 and counts["merge_round"] == 6, counts  # 3 rounds x 2 epochs
+    assert counts["extract_round"] == 12 and counts["regenerate"] == 2, counts  # 2 shards a round; answers once
+    assert counts["extract_heldout"] == 2 and counts["train"] == 1, counts
+
+
+def test_a_damaged_shard_in_the_second_round_reruns_alone(rounds_run):
+    """Validation names the damaged shard and moves it aside; the next run extracts it alone again (the other
+    shard of that round was validated once), and training goes on."""
+    seen, res, second = rounds_run["seen"], rounds_run["res"], rounds_run["second"]
+    assert seen["damaged"].returncode != 0
+    log = seen["damage_log"]
+    assert f"shard shard001.r{second}" in log and "check failed" in log and "deleted its states" in log
+    assert [q.split(".json")[0] for q in seen["quarantined"]] == [f"shard001.r{second}"]  # the manifest only
+    other = f"shard000.r{second}.valid.json"
+    assert other in seen["after_damage"] and f"shard001.r{second}.valid.json" not in seen["after_damage"]
+    assert (res / f"rounds/e0/{other}").stat().st_mtime_ns == seen["after_damage"][other]
+    assert (res / f"rounds/e0/shard001.r{second}.valid.json").exists()
+
+
+def test_a_kill_mid_round_redoes_only_that_round(rounds_run):
+    """The job killed in the middle of epoch 1's second round: the next plain `snakemake` trains that round
+    again from the state before it, and no finished round trains again."""
+    seen = rounds_run["seen"]
+    assert seen["killed_rc"] != 0
+    assert seen["resumed"].returncode == 0, seen["resumed"].stdout[-3000:] + seen["resumed"].stderr[-3000:]
+    counts = job_counts(seen["resumed"].stdout + seen["resumed"].stderr)
+    assert counts.get("train_round") == 2, counts  # e1p1 again, then e1p2
+    assert counts.get("extract_round", 0) == 2, counts  # only e1p2's round: e1p1's states were still there
+    for path, mtime in seen["records_before_kill"].items():
+        assert seen["records"][path] == mtime, f"{path} was trained again"
+    assert (rounds_run["res"] / "train/summary.json").exists()
+
+
+def test_states_on_disk_stay_under_the_budget(rounds_run):
+    seen, res = rounds_run["seen"], rounds_run["res"]
+    assert 0 < seen["peak"] <= BUDGET, seen["peak"]
+    plan = json.loads((res / "plan.json").read_text())
+    assert plan["rounds"] == 3 and plan["budget_bytes"] == BUDGET
+    assert max(plan["round_bytes"]) + plan["heldout_bytes"] <= BUDGET
+    assert states_bytes(res) == sum(p.stat().st_blocks * 512 for p in (res / "rounds/heldout").glob("*.safetensors"))
+
+
+def test_every_epoch_visits_every_training_sample_once(rounds_run):
+    """From the training's own records: each epoch's rounds together hold every training sample exactly once,
+    in a different round order each epoch, and never a held-out sample."""
+    res = rounds_run["res"]
+    records = [json.loads(p.read_text()) for p in sorted((res / "rounds").glob("e*/p*/record.json"))]
+    held = set(json.loads((res / "rounds/heldout/manifest.json").read_text())["shards"][0]["sample_ids"])
+    held |= set(json.loads((res / "rounds/heldout/manifest.json").read_text())["shards"][1]["sample_ids"])
+    everyone = {f"r{i}" for i in range(RECORDS)}
+    orders = []
+    for epoch in (0, 1):
+        ids = [i for r in records if r["epoch"] == epoch for i in r["sample_ids"]]
+        assert len(ids) == len(set(ids)) and set(ids) == everyone - held, (epoch, sorted(ids))
+        orders.append([r["round"] for r in sorted(records, key=lambda r: r["position"]) if r["epoch"] == epoch])
+    assert held and orders[0] != orders[1]
+    steps = [(r["first_step"], r["steps"]) for r in sorted(records, key=lambda r: (r["epoch"], r["position"]))]
+    assert all(a + n == b for (a, n), (b, _) in zip(steps, steps[1:]))  # one schedule across the rounds
+    summary = json.loads((res / "train/summary.json").read_text())
+    assert summary["steps"] == steps[-1][0] + steps[-1][1] and summary["rounds"] == 3
+    assert summary["heldout_samples"] == len(held)
+
+
+def _changed(rounds_run, name: str, **sections) -> list[str]:
+    cfg = yaml.safe_load(rounds_run["config"].read_text())
+    for section, values in sections.items():
+        cfg[section] = {**cfg.get(section, {}), **values}
+    path = rounds_run["root"] / name
+    path.write_text(yaml.safe_dump(cfg))
+    return ["--configfile", str(path)]
+
+
+def test_a_train_key_change_reruns_nothing_upstream_of_extraction(rounds_run):
+    out = snakemake("-n", *_changed(rounds_run, "lr.yaml", train={"lr": 1e-3})).stdout
+    counts = job_counts(out)
+    assert counts["train_round"] == 6 and counts["extract_round"] == 12, counts  # from round 1, states re-extracted
+    assert not UPSTREAM & set(counts), counts
+
+
+def test_a_changed_budget_keeps_or_replans_the_rounds(rounds_run):
+    """A budget that still holds the same rounds reruns nothing but the plan; one that needs more rounds
+    restarts training, and keeps the answers and the held-out states."""
+    same = job_counts(snakemake("-n", *_changed(rounds_run, "same.yaml", extract={"disk_budget": "250KB"})).stdout)
+    assert set(same) <= {"plan", "all"}, same
+    more = snakemake("-n", *_changed(rounds_run, "more.yaml", extract={"disk_budget": "200KB"}))
+    counts = job_counts(more.stdout)
+    assert counts["train_round"] > 6 and not UPSTREAM & set(counts), counts
+
+
+def test_a_budget_below_one_round_stops_at_plan_time(rounds_run):
+    proc = snakemake("-n", *_changed(rounds_run, "tiny.yaml", extract={"disk_budget": "20KB"}), check=False)
+    assert proc.returncode != 0
+    msg = proc.stdout + proc.stderr
+    assert "extract.disk_budget" in msg and "fp8" in msg and "smallest round" in msg, msg[-2000:]
