@@ -1,0 +1,138 @@
+"""The plan: sizes, the rounds' layout of samples, the budget's errors, the CLI on the Qwen3.6-27B preset, and
+shard files that reserve their disk before anything is written (on a real size-limited file system)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from draftsmith.config import with_defaults
+from draftsmith.dataset.shards import ShardWriter
+from draftsmith.plan.plan import PlanError, decide_rounds
+from draftsmith.plan.rounds import heldout_rows, round_order, select_rows
+from draftsmith.plan.sizes import parse_size, token_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_sizes_read_as_written_and_a_bad_one_names_the_key():
+    assert parse_size("2TB") == 2 * 10**12 and parse_size("500 GB") == 5 * 10**11
+    assert parse_size("1.5TiB") == int(1.5 * 2**40) and parse_size(4096) == 4096
+    with pytest.raises(ValueError, match="extract.disk_budget: 'lots'"):
+        parse_size("lots")
+
+
+def test_a_token_of_the_27b_takes_51_kb():
+    """5 taps x 5120 x 2 bytes, plus its id and mask (and its fp8 scale)."""
+    assert token_bytes(taps=5, hidden=5120, storage="bf16") == pytest.approx(51_200 + 4 + 1, abs=0.01)
+    assert token_bytes(taps=5, hidden=5120, storage="fp8") == pytest.approx(25_600 + 4 + 4 + 1, abs=0.01)
+
+
+def _samples(n: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(5, 60, n)
+    return pd.DataFrame({"id": [f"s{i}" for i in range(n)], "prompt_len": prompt, "num_tokens": prompt + 30})
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 3, 5])
+def test_rounds_partition_the_training_samples(rounds):
+    """Every sample in exactly one round or the held-out set, the held-out set the same whatever the rounds,
+    and the rounds about equal in the tokens they can take."""
+    data = with_defaults("data", {"max_length": 64, "regenerate": {"enabled": True, "max_new_tokens": 32}})
+    df = _samples(200)
+    rows = {"heldout_fraction": 0.05, "seed": 3, "rounds": rounds}
+    held = select_rows(df, {**rows, "kind": "heldout"}, data)["id"].tolist()
+    parts = [select_rows(df, {**rows, "kind": "round", "round": r}, data) for r in range(rounds)]
+    ids = [i for p in parts for i in p["id"]]
+    assert len(ids) == len(set(ids)) and set(ids) | set(held) == set(df["id"]) and not set(ids) & set(held)
+    assert held == df["id"][heldout_rows(df["id"].tolist(), fraction=0.05, seed=3)].tolist() and held
+    bound = [int(np.minimum(p["prompt_len"] + 32, 64).sum()) for p in parts]
+    assert max(bound) - min(bound) <= 64  # balanced to within one sample
+
+
+def test_each_epoch_visits_the_rounds_in_its_own_order():
+    orders = [round_order(6, e, 0) for e in range(4)]
+    assert all(sorted(o) == list(range(6)) for o in orders) and len({tuple(o) for o in orders}) > 1
+    assert round_order(6, 1, 0) == orders[1]  # seeded: the DAG is the same at every parse
+
+
+def test_rounds_as_few_as_fit_and_a_budget_below_one_round_is_refused():
+    config = {
+        "train": with_defaults("train"),
+        "data": with_defaults("data", {"max_length": 100}),
+        "extract": with_defaults("extract"),
+    }
+    kw = {"config": config, "samples": 1000, "base_shards": 4, "per_token": 10.0}
+    assert decide_rounds(1e6, 2_000_000, **kw)[0] == 1
+    assert decide_rounds(1e6, 300_000, **kw)[0] == 4  # (0.95 MB) / (0.3 MB - 50 KB held out - 4 KB slack)
+    with pytest.raises(PlanError, match=r"extract.disk_budget.*smallest round.*fp8"):
+        decide_rounds(1e6, 50_000, **kw)
+
+
+def test_plan_command_on_the_27b_preset_with_100k_prompts(tmp_path):
+    """`python -m draftsmith plan` with the Qwen3.6-27B preset and 100k prompt-only records, for 8 RTX PRO 6000
+    on a 8 TB disk: 51.2 KB a token, answers bounded by max_new_tokens, two rounds, GPU-hours from estimates."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "train.jsonl"
+    with data.open("w") as f:
+        for i in range(100_000):
+            f.write(json.dumps({"id": f"q{i}", "prompt": "word " * int(rng.integers(20, 400))}) + "\n")
+    over = tmp_path / "over.yaml"
+    over.write_text(f"data: {{path: {data}}}\nbench: {{datasets: [{{name: b, path: {data}}}], max_prompts: 40}}\n")
+    cmd = [sys.executable, "-m", "draftsmith", "plan", "--configfile", "configs/qwen3.6-27b.yaml", str(over)]
+    cmd += ["--gpus", "8", "--gpu", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "--free", "8TB", "--json"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    plan = json.loads(out)
+    assert plan["data"]["samples"] == 100_000 and plan["data"]["answer_tokens"] == 2048
+    assert plan["bytes_per_token"]["bf16"] == pytest.approx(51_205) and plan["rounds"] == 2
+    assert plan["states_bytes"]["bf16"] > 8e12 and plan["gpu_class"] == "RTX PRO 6000 Blackwell"
+    assert plan["stages"]["extract, all passes"]["gpu_hours"] == pytest.approx(6 * plan["stages"]["extract per epoch"]["gpu_hours"])
+    assert "estimate" in plan["stages"]["train per epoch"]["source"]
+    small = subprocess.run(cmd[:-2] + ["100GB"], cwd=REPO, capture_output=True, text=True)
+    assert small.returncode == 2 and "fp8" in small.stderr and "smallest round" in small.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB file system (tmpfs), where this process may mount one (root)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)]).returncode:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    yield where
+    subprocess.run(["umount", str(where)], check=False)
+
+
+def test_writers_started_together_never_die_mid_write(small_disk):
+    """Four shard writers of 300 KB each start together on a disk that holds three: the one that cannot have
+    its room fails as it starts, leaving nothing; the others write every byte and close."""
+    lengths, width = [100] * 15, 100  # 15 samples x 100 tokens x 100 x bf16 = 300 KB
+    writers, errors = {}, {}
+
+    def start(k: int) -> None:
+        try:
+            writers[k] = ShardWriter(small_disk / f"s{k}.safetensors", lengths, width)
+        except OSError as e:
+            errors[k] = e
+
+    threads = [threading.Thread(target=start, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(writers) == 3 and len(errors) == 1, (writers, errors)
+    assert "disk is full" in str(next(iter(errors.values())))
+    for w in writers.values():
+        for i in range(len(lengths)):
+            w.write_sample(i, torch.ones(100, width, dtype=torch.bfloat16), torch.zeros(100), torch.ones(100))
+        w.close()
+    assert sorted(p.name for p in small_disk.iterdir()) == sorted(f"s{k}.safetensors" for k in writers)
