@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable
 
 import torch
+
+from draftsmith.core import gpu_pool
 
 
 def dist_info() -> tuple[int, int, int]:
@@ -36,3 +41,29 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """DDP over this rank's GPU, or over CPU processes (gloo) when there is none."""
     ids = None if device.type == "cpu" else [device.index]
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def launch(module: str, argv: list[str], gpus: int, body: Callable[[], object]) -> int:
+    """Runs `body` on `gpus` devices from the pool: with two or more, re-runs `module` under torchrun on them
+    (one process per GPU); inside torchrun, or with one device or none, in place."""
+    if os.environ.get("DRAFTSMITH_DISTRIBUTED") == "1":
+        body()
+        return 0
+
+    with gpu_pool.acquire(gpus) as devices:
+        if len(devices) >= 2:
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={len(devices)}",
+                "-m",
+                module,
+                *argv,
+            ]
+            return subprocess.call(cmd, env=dict(os.environ, DRAFTSMITH_DISTRIBUTED="1"))
+        if gpus > 1:
+            print(f"train.gpus={gpus} but the pool gave {devices}: running in one process", file=sys.stderr)
+        body()
+    return 0

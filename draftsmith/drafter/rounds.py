@@ -27,10 +27,10 @@ from draftsmith.drafter.config import config_from_target
 from draftsmith.drafter.loss import auto_gamma, position_weights
 from draftsmith.drafter.train import (
     TrainingRun,
-    _log_step,
-    _metrics_columns,
-    _reopen_metrics,
     _seeded_model,
+    log_step,
+    metrics_columns,
+    reopen_metrics,
     run_steps,
 )
 from draftsmith.plan.rounds import select_rows
@@ -124,17 +124,62 @@ def train_round(
 ) -> None:
     """Trains one round's steps from the previous round's state (or the seeded start), then hands its state
     on and writes its record: the samples it trained, in order."""
+    run, me = _round_run(
+        dataset,
+        Path(target_dir),
+        drafter_section=drafter_section,
+        tcfg=tcfg,
+        epoch=epoch,
+        position=position,
+        order=order,
+        lengths=lengths,
+        previous=previous,
+    )
+    plan = round_plan(
+        lengths[me.round], tcfg, block=run.cfg.block_size, world=run.world, epoch=epoch, rid=me.round
+    )
+    _train_steps(run, RoundPlans(run, plan, epoch=epoch, first=me.first_step), me, metrics_path)
+    if run.rank == 0:
+        ids = [i for s in run.ds.manifest["shards"] for i in s["sample_ids"]]
+        state = {
+            "step": me.first_step + me.steps,
+            "model": run.model.state_dict(),
+            "opt": run.opt.state_dict(),
+        }
+        with atomic(state_out) as tmp:
+            torch.save({**state, "cfg": run.cfg.to_json(), "uid": uuid.uuid4().hex}, tmp)
+        record = {"epoch": epoch, "position": position, "round": me.round, "first_step": me.first_step}
+        record.update(steps=me.steps, total_steps=run.total, world_size=run.world)
+        record["tokens"] = int(sum(int(run.ds.lengths[i]) for b in plan for i in b))
+        record["sample_ids"] = [ids[i] for b in plan for i in b]
+        write_json(record_out, record)
+    if run.world > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def _round_run(
+    dataset: str | Path,
+    target_dir: Path,
+    *,
+    drafter_section: dict,
+    tcfg: dict,
+    epoch: int,
+    position: int,
+    order: list[list[int]],
+    lengths: list[np.ndarray],
+    previous: str | None,
+) -> tuple[TrainingRun, Position]:
+    """The round's data, drafter and optimiser (from the state handed on), and where it stands in the run;
+    raises when the dataset or the state is not the one the schedule expects."""
     rank, world, device = setup_device()
     dtype = resolve_dtype(tcfg["dtype"], device)
-    ds, target_dir = MergedDataset(dataset), Path(target_dir)
+    ds = MergedDataset(dataset)
     cfg = config_from_target(json.loads((target_dir / "config.json").read_text()), ds.taps, drafter_section)
-    plan_pos = schedule(lengths, order, tcfg, block=cfg.block_size, world=world)
-    me = next(p for p in plan_pos if (p.epoch, p.position) == (epoch, position))
+    positions = schedule(lengths, order, tcfg, block=cfg.block_size, world=world)
+    me = next(p for p in positions if (p.epoch, p.position) == (epoch, position))
     if ds.lengths.tolist() != lengths[me.round].tolist():
         raise SystemExit(f"train_round: {dataset} does not hold round {me.round}'s samples as planned")
-    total = sum(p.steps for p in plan_pos)
-    embed, head = load_target_head(target_dir)
-    head_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
     model, opt = _seeded_model(cfg, tcfg, device=device)
     if previous:
         state = torch.load(previous, map_location=device, weights_only=True)
@@ -144,7 +189,10 @@ def train_round(
             )
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
+    embed, head = load_target_head(target_dir)
+    head_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
     gamma = auto_gamma(cfg.block_size) if tcfg["gamma"] in (None, "auto") else float(tcfg["gamma"])
+    total = sum(p.steps for p in positions)
     run = TrainingRun(
         rank=rank,
         world=world,
@@ -164,38 +212,7 @@ def train_round(
         total=total,
         warmup=max(1, int(round(tcfg["warmup_ratio"] * total))),
     )
-    plan = round_plan(lengths[me.round], tcfg, block=cfg.block_size, world=world, epoch=epoch, rid=me.round)
-    _train_steps(run, RoundPlans(run, plan, epoch=epoch, first=me.first_step), me, metrics_path)
-    if rank == 0:
-        ids = [i for s in ds.manifest["shards"] for i in s["sample_ids"]]
-        with atomic(state_out) as tmp:
-            torch.save(
-                {
-                    "step": me.first_step + me.steps,
-                    "model": model.state_dict(),
-                    "opt": opt.state_dict(),
-                    "cfg": cfg.to_json(),
-                    "uid": uuid.uuid4().hex,
-                },
-                tmp,
-            )
-        write_json(
-            record_out,
-            {
-                "epoch": epoch,
-                "position": position,
-                "round": me.round,
-                "first_step": me.first_step,
-                "steps": me.steps,
-                "total_steps": total,
-                "world_size": world,
-                "tokens": int(sum(int(ds.lengths[i]) for b in plan for i in b)),
-                "sample_ids": [ids[i] for b in plan for i in b],
-            },
-        )
-    if world > 1:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    return run, me
 
 
 def _train_steps(run: TrainingRun, plans: RoundPlans, me: Position, metrics_path: str | Path) -> None:
@@ -204,9 +221,7 @@ def _train_steps(run: TrainingRun, plans: RoundPlans, me: Position, metrics_path
 
     ddp = wrap_ddp(run.model, run.device) if run.world > 1 else run.model
     metrics = (
-        _reopen_metrics(Path(metrics_path), _metrics_columns(run.cfg.block_size), 0)
-        if run.rank == 0
-        else None
+        reopen_metrics(Path(metrics_path), metrics_columns(run.cfg.block_size), 0) if run.rank == 0 else None
     )
     bar = tqdm(
         total=me.steps, desc=f"train e{me.epoch} round {me.round}", disable=run.rank != 0, dynamic_ncols=True
@@ -218,7 +233,7 @@ def _train_steps(run: TrainingRun, plans: RoundPlans, me: Position, metrics_path
         run, ddp, autocast=autocast, start=me.first_step, plans=plans, stop=stop
     ):  # type: ignore[arg-type]
         if metrics is not None:
-            _log_step(
+            log_step(
                 metrics,
                 bar,
                 block_size=run.cfg.block_size,

@@ -14,12 +14,9 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 import torch
 
-from draftsmith.core import gpu_pool
-from draftsmith.core.distributed import setup_device, wrap_ddp
+from draftsmith.core.distributed import launch, setup_device, wrap_ddp
 from draftsmith.core.io import atomic, write_json
 from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
@@ -44,12 +40,14 @@ from draftsmith.drafter.batches import (
 from draftsmith.drafter.config import DrafterConfig, config_from_target
 from draftsmith.drafter.evaluate import evaluate, plot_curves
 from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
+from draftsmith.drafter.metrics import log_step, metrics_columns, reopen_metrics
 from draftsmith.drafter.model import Drafter, build_masks, uses_flex
 from draftsmith.drafter.zlab import save_zlab
+from draftsmith.plan.sizes import CHECKPOINT_BYTES_PER_PARAM, CHECKPOINTS_KEPT, EXPORT_BYTES_PER_PARAM
 from draftsmith.target.files import load_target_head
 
 if TYPE_CHECKING:
-    from tqdm import tqdm
+    pass
 
 
 def run(
@@ -73,32 +71,6 @@ def run(
     )
 
 
-def launch(module: str, argv: list[str], gpus: int, body: Callable[[], object]) -> int:
-    """Runs `body` on `gpus` devices from the pool: with two or more, re-runs `module` under torchrun on them
-    (one process per GPU); inside torchrun, or with one device or none, in place."""
-    if os.environ.get("DRAFTSMITH_DISTRIBUTED") == "1":
-        body()
-        return 0
-
-    with gpu_pool.acquire(gpus) as devices:
-        if len(devices) >= 2:
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc_per_node={len(devices)}",
-                "-m",
-                module,
-                *argv,
-            ]
-            return subprocess.call(cmd, env=dict(os.environ, DRAFTSMITH_DISTRIBUTED="1"))
-        if gpus > 1:
-            print(f"train.gpus={gpus} but the pool gave {devices}: training in one process", file=sys.stderr)
-        body()
-    return 0
-
-
 def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
     """Linear warm-up, then cosine to zero."""
     if step < warmup:
@@ -110,11 +82,6 @@ def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
 def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
     found = sorted(ckpt_dir.glob("step_*.pt"))
     return found[-1] if found else None
-
-
-CHECKPOINTS_KEPT = 2  # the newest two: a run killed while writing one still has the one before
-CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two fp32 moments
-EXPORT_BYTES_PER_PARAM = 4  # final/ holds the weights in fp32
 
 
 def check_disk(out: Path, model: Drafter, *, checkpoints: bool) -> None:
@@ -150,26 +117,6 @@ def _save_checkpoint(
         torch.save(state, tmp)
     for old in sorted(ckpt_dir.glob("step_*.pt"))[:-keep]:
         old.unlink()
-
-
-def _metrics_columns(block_size: int) -> list[str]:
-    return ["step", "epoch", "lr", "loss", "grad_norm", "tokens", "elapsed_s"] + [
-        f"acc_{k}" for k in range(1, block_size)
-    ]
-
-
-def _reopen_metrics(path: Path, columns: list[str], resume_step: int):
-    """Keeps rows up to the resumed step (a killed run may have logged past its last checkpoint)."""
-    rows = []
-    if resume_step > 0 and path.exists():
-        with path.open() as f:
-            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-    f = path.open("w", newline="")
-    w = csv.DictWriter(f, fieldnames=columns)
-    w.writeheader()
-    w.writerows(rows)
-    f.flush()
-    return f, w
 
 
 @dataclass
@@ -225,7 +172,7 @@ def train(
     if run.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         check_disk(out, run.model, checkpoints=every > 0)
-        metrics = _reopen_metrics(out / "metrics.csv", _metrics_columns(run.cfg.block_size), step)
+        metrics = reopen_metrics(out / "metrics.csv", metrics_columns(run.cfg.block_size), step)
     from tqdm import tqdm
 
     bar = tqdm(total=run.total, initial=step, desc="train", disable=run.rank != 0, dynamic_ncols=True)
@@ -234,7 +181,7 @@ def train(
     for step, epoch, lr, stats, gnorm in run_steps(run, ddp, autocast=autocast, start=start):
         tokens_seen += int(stats[-1].item())
         if metrics is not None:
-            _log_step(
+            log_step(
                 metrics,
                 bar,
                 block_size=run.cfg.block_size,
@@ -433,37 +380,6 @@ def _train_step(
         torch.distributed.all_reduce(stats)
         stats[0] /= run.world
     return lr, stats, gnorm
-
-
-def _log_step(
-    metrics: tuple[TextIO, csv.DictWriter],
-    bar: tqdm,
-    *,
-    block_size: int,
-    step: int,
-    epoch: int,
-    lr: float,
-    stats: torch.Tensor,
-    gnorm: torch.Tensor,
-    t0: float,
-) -> None:
-    """Rank 0's metrics row for a step, flushed at once so that a killed run keeps it."""
-    mfile, mwriter = metrics
-    B = block_size
-    acc = (stats[1 : 1 + B] / stats[1 + B : 1 + 2 * B].clamp_min(1)).tolist()
-    row = {
-        "step": step,
-        "epoch": epoch,
-        "lr": lr,
-        "loss": float(stats[0]),
-        "grad_norm": float(gnorm),
-        "tokens": int(stats[-1].item()),
-        "elapsed_s": round(time.time() - t0, 3),
-    }
-    row.update({f"acc_{k}": acc[k] for k in range(1, B)})
-    mwriter.writerow(row)
-    mfile.flush()
-    bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{acc[1]:.3f}")
 
 
 def _checkpoint(ckpt_dir: Path, run: TrainingRun, *, step: int) -> None:

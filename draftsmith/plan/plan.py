@@ -189,6 +189,37 @@ def decide_rounds(
         ) from None
 
 
+def decide_budget(
+    config: dict, plan: dict, *, per_token: float, reserves: int, samples: int, base_shards: int
+) -> None:
+    """The budget and the rounds into `plan`: as pinned for this setting and data shape, or decided now."""
+    identity = {
+        "setting": str(config["extract"]["disk_budget"]),
+        "storage": plan["storage"],
+        "taps": plan["taps"],
+        "hidden": plan["hidden_size"],
+        "max_length": int(config["data"]["max_length"]),
+        "answers": [config["data"]["regenerate"][k] for k in ("enabled", "max_new_tokens")],
+        "base_shards": base_shards,
+        "heldout_fraction": float(config["train"]["heldout_fraction"]),
+    }
+    pinned = _pinned(config, identity)
+    if pinned:
+        plan.update(identity=identity, rounds=int(pinned["rounds"]), budget_bytes=int(pinned["budget_bytes"]))
+        plan.update(pinned=True, budget_source="as planned before (results/plan/rounds.json)")
+        return
+    budget, plan["budget_source"] = budget_bytes(config, reserves=reserves)
+    rounds, _ = decide_rounds(
+        plan["tokens"] * per_token,
+        budget,
+        config=config,
+        samples=samples,
+        base_shards=base_shards,
+        per_token=per_token,
+    )
+    plan.update(identity=identity, rounds=rounds, budget_bytes=budget, pinned=False)
+
+
 def make_plan(
     config: dict,
     *,
@@ -236,36 +267,14 @@ def make_plan(
         hub_cache_bytes=hub_cache_bytes(config, shape),
         free_bytes=free_space(config["results"]),
     )
-    identity = {
-        "setting": str(config["extract"]["disk_budget"]),
-        "storage": storage,
-        "taps": taps,
-        "hidden": hidden,
-        "max_length": int(config["data"]["max_length"]),
-        "answers": [config["data"]["regenerate"][k] for k in ("enabled", "max_new_tokens")],
-        "base_shards": base_shards,
-        "heldout_fraction": float(config["train"]["heldout_fraction"]),
-    }
-    pinned = _pinned(config, identity)
-    if pinned:
-        plan.update(
-            identity=identity,
-            rounds=int(pinned["rounds"]),
-            budget_bytes=int(pinned["budget_bytes"]),
-            pinned=True,
-        )
-        plan["budget_source"] = "as planned before (results/plan/rounds.json)"
-    else:
-        budget, plan["budget_source"] = budget_bytes(config, reserves=reserves)
-        rounds, _ = decide_rounds(
-            tokens * per_token[storage],
-            budget,
-            config=config,
-            samples=size.samples,
-            base_shards=base_shards,
-            per_token=per_token[storage],
-        )
-        plan.update(identity=identity, rounds=rounds, budget_bytes=budget, pinned=False)
+    decide_budget(
+        config,
+        plan,
+        per_token=per_token[storage],
+        reserves=reserves,
+        samples=size.samples,
+        base_shards=base_shards,
+    )
     plan["epochs"] = config["train"]["epochs"]
     plan["extraction_passes"] = 1 if plan["rounds"] == 1 else int(math.ceil(float(config["train"]["epochs"])))
     plan["stages"] = stage_hours(

@@ -10,9 +10,9 @@ UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 BINARY_UNITS = {"KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40, "PI": 2**50}
 SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGTP]I?)?B?\s*$", re.IGNORECASE)
 
-CHECKPOINTS_KEPT = 2  # train.py keeps the newest two
+CHECKPOINTS_KEPT = 2  # training keeps the newest two: a run killed while writing one still has the one before
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two fp32 moments
-EXPORT_BYTES_PER_PARAM = 4  # final/ (fp32) and the exported drafter
+EXPORT_BYTES_PER_PARAM = 4  # final/ holds the weights in fp32 (the export as many again)
 ROUND_STATES_KEPT = 2  # a round's state and the next one's, while the next trains
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -65,18 +66,14 @@ def check_round(
         )
 
 
-def stop(msg: str) -> None:
+def stop(msg: str) -> NoReturn:
     logging.error("%s", msg)
     sys.exit(msg)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    setup_logging()
-    set_threads(args.threads)
-    tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
-    tapcfg, ecfg = section_arg(args.taps_json, "taps"), section_arg(args.extract_json, "extract")
-    out, plan, samples = Path(args.out), read_json(args.probe), read_samples(args.shard)
+def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan: dict):
+    """The samples this job holds (a round's or the held-out rows under a disk budget) and whether it
+    regenerates their answers; stops before any GPU work when they cannot fit the disk."""
     if args.rows_json:
         rows = json.loads(args.rows_json)
         samples = select_rows(samples, rows, dcfg)
@@ -84,10 +81,9 @@ def main(argv: list[str] | None = None) -> None:
             budget = int(read_json(args.round_plan)["budget_bytes"])
             check_round(args.base_shards, rows, dcfg, budget, plan, ecfg["storage"])
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered
-    target_dir = resolve_target(args.target)
     try:  # before any GPU work: a full disk is a message now, not a crash hours in
         need = check_disk_space(
-            out,
+            Path(args.out),
             planned_tokens(samples, dcfg["regenerate"] if regenerate else {}, int(dcfg["max_length"])),
             len(samples),
             len(plan["target"]["taps"]),
@@ -97,6 +93,34 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:
         stop(f"extract: {e}")
     logging.info("disk: the shard needs about %.3f GB", need / 1e9)
+    return samples, regenerate
+
+
+def _regenerate(model, tok, samples, args: argparse.Namespace, *, tcfg: dict, dcfg: dict):
+    """The target's answers (kept in the answer cache); a retry after running out of memory halves slots."""
+    slots = max(1, int(dcfg["regenerate"]["batch_size"]) // max(1, args.budget_div))
+    try:
+        return regenerate_shard(
+            model, tok, samples, shard_out=Path(args.out), target=tcfg, data=dcfg, slots=slots
+        )
+    except torch.OutOfMemoryError as e:
+        stop(
+            f"regeneration: out of memory with {slots} slots ({e}). Snakemake retries the job once "
+            f"with half the slots; if that fails too, set data.regenerate.batch_size below {slots}"
+        )
+    except (NoRoomForAnswers, NotImplementedError) as e:
+        stop(f"regeneration: {e}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging()
+    set_threads(args.threads)
+    tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
+    tapcfg, ecfg = section_arg(args.taps_json, "taps"), section_arg(args.extract_json, "extract")
+    out, plan, samples = Path(args.out), read_json(args.probe), read_samples(args.shard)
+    samples, regenerate = _job_samples(args, samples, dcfg, ecfg, plan)
+    target_dir = resolve_target(args.target)
 
     with acquire(plan["gpus_per_copy"]) as devices:
         model, tok, _ = load_configured_target(target_dir, devices, tcfg)
@@ -104,20 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         taps = resolve_taps(model.config.get_text_config().num_hidden_layers, tapcfg)
         regen_stats = None
         if regenerate:
-            # a retry after running out of memory also halves the slots
-            slots = max(1, int(dcfg["regenerate"]["batch_size"]) // max(1, args.budget_div))
-            try:
-                samples, regen_stats = regenerate_shard(
-                    model, tok, samples, shard_out=out, target=tcfg, data=dcfg, slots=slots
-                )
-            except torch.OutOfMemoryError as e:
-                stop(
-                    f"regeneration: out of memory with {slots} slots ({e}). Snakemake retries the job once "
-                    f"with half the slots; if that fails too, set data.regenerate.batch_size below {slots}"
-                )
-            except (NoRoomForAnswers, NotImplementedError) as e:
-                stop(f"regeneration: {e}")
-
+            samples, regen_stats = _regenerate(model, tok, samples, args, tcfg=tcfg, dcfg=dcfg)
         budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))
         logging.info(
             "shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s",
@@ -131,9 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         try:
             checksum, stats = extract_samples(model, samples, taps, out, budget, ecfg["storage"], pad)
-        except (
-            OSError
-        ) as e:  # the disk could not hold the shard: found when the file is laid out, not mid-write
+        except OSError as e:  # the disk could not hold the shard: found as the file is laid out
             stop(f"extract: {e}")
         except torch.OutOfMemoryError as e:
             stop(

@@ -8,9 +8,9 @@ import json
 import sys
 
 from draftsmith.config import section_arg
+from draftsmith.core.distributed import launch
 from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.drafter.rounds import round_lengths, train_round
-from draftsmith.drafter.train import launch
 from draftsmith.steps.train import settled_drafter
 from draftsmith.target.files import resolve_target
 
