@@ -9,18 +9,25 @@ import sys
 from pathlib import Path
 
 
-def load_config(files: list[str], results_free: str | None) -> dict:
-    """The config files merged in order, as Snakemake merges several --configfile, with the schema's defaults."""
+def load_config(files: list[str]) -> dict:
+    """The config files merged in order (later keys over earlier ones, section by section, as Snakemake merges
+    several --configfile), checked against the schema and completed with its defaults."""
+    import jsonschema
     import yaml
-    from snakemake.utils import update_config, validate
 
-    from draftsmith.config import SCHEMA
+    from draftsmith.config import _fill, _schema
 
     config: dict = {}
     for f in files:
-        update_config(config, yaml.safe_load(Path(f).read_text()) or {})
-    validate(config, str(SCHEMA))
-    return config
+        for key, value in (yaml.safe_load(Path(f).read_text()) or {}).items():
+            both = isinstance(value, dict) and isinstance(config.get(key), dict)
+            config[key] = {**config[key], **value} if both else value
+    try:
+        jsonschema.validate(config, _schema())
+    except jsonschema.ValidationError as e:
+        where = ".".join(str(k) for k in e.absolute_path) or "the config"
+        raise SystemExit(f"plan: {where}: {e.message} ({', '.join(files)})") from None
+    return _fill(_schema(), config)
 
 
 def data_files(config: dict) -> list[str]:
@@ -57,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from draftsmith.plan.plan import PlanError, make_plan, render
     from draftsmith.plan.sizes import parse_size
 
-    config = load_config(a.configfile, a.free)
+    config = load_config(a.configfile)
     if a.free is not None:
         os.environ["DRAFTSMITH_FREE_BYTES"] = str(parse_size(a.free, key="--free"))
     gpus = len(visible_gpus()) if a.gpus is None else a.gpus

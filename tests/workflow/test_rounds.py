@@ -201,7 +201,7 @@ def _changed(rounds_run, name: str, **sections) -> list[str]:
 def test_a_train_key_change_reruns_nothing_upstream_of_extraction(rounds_run):
     out = snakemake("-n", *_changed(rounds_run, "lr.yaml", train={"lr": 1e-3})).stdout
     counts = job_counts(out)
-    assert counts["train_round"] == 6 and counts["extract_round"] == 12, counts  # from round 1, states re-extracted
+    assert counts.get("train_round") == 6 and counts.get("extract_round") == 12, out[-3000:]  # from round 1
     assert not UPSTREAM & set(counts), counts
 
 

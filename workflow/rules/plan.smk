@@ -6,11 +6,11 @@ def rows_json(kind, round_id=None):
     """Which rows of a shard a job holds (draftsmith.plan.rounds.select_rows)."""
     rows = {
         "kind": kind,
-        "rounds": ROUNDS,
-        "round": None if round_id is None else int(round_id),
         "heldout_fraction": config["train"]["heldout_fraction"],
         "seed": config["train"]["seed"],
     }
+    if kind == "round":  # the held-out samples do not depend on the rounds
+        rows.update(rounds=ROUNDS, round=None if round_id is None else int(round_id))
     return shlex.quote(json.dumps(rows, sort_keys=True))
 
 
