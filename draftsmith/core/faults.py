@@ -12,8 +12,8 @@ the recovery path that runs afterwards is the production one:
                               finds the file already there (a retry of the killed one) goes on.
   DRAFTSMITH_DAMAGE_AT=NAME   the extraction job writing the shard file NAME (e.g. `shard001.r2.safetensors`)
                               zeroes its last 64 bytes once it is complete, as a failing disk or writer would;
-                              validation must catch it. Once per drill, like the pause (DRAFTSMITH_PAUSE_FILE's
-                              folder keeps a mark).
+                              validation must catch it. Once per drill, like the pause
+                              (DRAFTSMITH_PAUSE_FILE's folder keeps a mark).
 """
 
 from __future__ import annotations

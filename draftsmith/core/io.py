@@ -71,3 +71,28 @@ def read_json(path: str | Path) -> dict:
 
 def read_samples(path: str | Path) -> pd.DataFrame:
     return pd.read_parquet(path)
+
+
+DISK_PROBE_BYTES = 128 * 2**20  # enough to pass the page cache's write-back when it is forced with fsync
+
+
+def disk_write_rate(folder: Path, nbytes: int = DISK_PROBE_BYTES) -> float:
+    """GB/s that `folder`'s disk takes, written and flushed to the device (the plan compares it with what the
+    extraction jobs produce: a slower disk leaves GPUs waiting)."""
+    import time
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".disk_probe"
+    block = os.urandom(8 * 2**20)
+    t0 = time.perf_counter()
+    try:
+        with open(path, "wb") as f:
+            for _ in range(max(1, nbytes // len(block))):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        return 0.0
+    finally:
+        path.unlink(missing_ok=True)
+    return nbytes / (time.perf_counter() - t0) / 1e9

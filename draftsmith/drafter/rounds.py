@@ -148,7 +148,8 @@ def train_round(
         }
         with atomic(state_out) as tmp:
             torch.save({**state, "cfg": run.cfg.to_json(), "uid": uuid.uuid4().hex}, tmp)
-        record = {"epoch": epoch, "position": position, "round": me.round, "first_step": me.first_step}
+        record: dict[str, object] = {"epoch": epoch, "position": position, "round": me.round}
+        record["first_step"] = me.first_step
         record.update(steps=me.steps, total_steps=run.total, world_size=run.world)
         record["tokens"] = int(sum(int(run.ds.lengths[i]) for b in plan for i in b))
         record["sample_ids"] = [ids[i] for b in plan for i in b]
@@ -231,7 +232,7 @@ def _train_steps(run: TrainingRun, plans: RoundPlans, me: Position, metrics_path
     stop = me.first_step + me.steps
     for step, epoch, lr, stats, gnorm in run_steps(
         run, ddp, autocast=autocast, start=me.first_step, plans=plans, stop=stop
-    ):  # type: ignore[arg-type]
+    ):
         if metrics is not None:
             log_step(
                 metrics,

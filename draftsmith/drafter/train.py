@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import numpy as np
 import torch
@@ -308,6 +308,12 @@ def _resume(ckpt_dir: Path, run: TrainingRun) -> int:
     return int(state["step"])
 
 
+class StepPlans(Protocol):
+    """Gives each step's batch in host memory, asked for in step order."""
+
+    def host_batch(self, step: int) -> tuple[int, Batch]: ...
+
+
 class EpochPlans:
     """Which samples each step trains on, asked for in step order (by the thread that reads one batch ahead):
     an epoch's shuffled plan is made at its first step."""
@@ -337,7 +343,7 @@ def run_steps(
     *,
     autocast: torch.autocast,
     start: int,
-    plans: EpochPlans | None = None,
+    plans: StepPlans | None = None,
     stop: int | None = None,
 ) -> Iterator[tuple[int, int, float, torch.Tensor, torch.Tensor]]:
     """Trains steps `start` .. `stop` (run.total), yielding (steps done, epoch, lr, stats, grad norm) after

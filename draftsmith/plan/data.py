@@ -51,7 +51,7 @@ def count_records(path: str) -> tuple[int, list[object]]:
         with p.open("rb") as f:
             lines = [line for line in f if line.strip()]
         step = max(1, len(lines) // SAMPLED_RECORDS)
-        sample = []
+        sample: list[object] = []
         for raw in lines[::step][:SAMPLED_RECORDS]:
             try:
                 import json
@@ -61,7 +61,7 @@ def count_records(path: str) -> tuple[int, list[object]]:
                 continue
         return len(lines), sample
     try:
-        recs = [rec for _, _, rec in iter_records(path) if not isinstance(rec, Exception)]
+        recs: list[object] = [rec for _, _, rec in iter_records(path) if not isinstance(rec, Exception)]
     except BadRecord:
         return 0, []
     step = max(1, len(recs) // SAMPLED_RECORDS)

@@ -133,7 +133,8 @@ def budget_bytes(config: dict, *, reserves: int) -> tuple[int, str]:
     free = free_space(results) + states_on_disk(results)
     return (
         free - reserves,
-        f"auto: {human(free)} free on {results}'s disk less {human(reserves)} kept for training, export and cache",
+        f"auto: {human(free)} free on {results}'s disk less {human(reserves)} kept for training, export "
+        "and cache",
     )
 
 
@@ -165,8 +166,9 @@ def unpin(config: dict) -> None:
 def decide_rounds(
     states: float, budget: int, *, config: dict, samples: int, base_shards: int, per_token: float
 ) -> tuple[int, float]:
-    """(rounds, held-out bytes): one round when everything fits, else as few rounds as fit the budget after the
-    held-out samples (kept all run) and one sample of slack per base shard. Raises PlanError with the options."""
+    """(rounds, held-out bytes): one round when everything fits, else as few rounds as fit the budget after
+    the held-out samples (kept all run) and one sample of slack per base shard. Raises PlanError with the
+    options."""
     if states <= budget:
         return 1, 0.0
     fraction = float(config["train"]["heldout_fraction"])
@@ -183,7 +185,8 @@ def decide_rounds(
         storage = config["extract"]["storage"]
         raise PlanError(
             f"extract.disk_budget: the hidden states need {human(states)} ({storage}) and the budget is "
-            f"{human(budget)}; even the smallest round does not fit ({e}). Options: extract.storage: fp8 (half "
+            f"{human(budget)}; even the smallest round does not fit ({e}). Options: extract.storage: fp8 "
+            "(half "
             "the bytes), `results` on a larger disk, a larger extract.disk_budget, or fewer samples "
             "(data.max_samples)"
         ) from None
@@ -291,7 +294,26 @@ def make_plan(
     plan["disk_rate_needed_gbs"] = (
         gpus * per_token[storage] * plan["stages"]["extract per epoch"]["rate"] / 1e9
     )
+    disk_note(config, plan)
     return plan
+
+
+def disk_note(config: dict, plan: dict) -> None:
+    """A warning when the probe found the results disk slower than the extraction jobs write together."""
+    probe = Path(config["results"]) / "probe.json"
+    try:
+        rate = float(json.loads(probe.read_text()).get("disk_write_gbs") or 0)
+    except (OSError, ValueError):
+        return
+    plan["disk_write_gbs"] = rate
+    need = plan["disk_rate_needed_gbs"]
+    if 0 < rate < need:
+        plan["notes"].append(
+            f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['gpus']} GPU(s) "
+            "extracting "
+            f"produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
+            f"{1 - rate / need:.0%} of the time). Put `results` on a faster disk, or use extract.storage: fp8"
+        )
 
 
 def _rate(cls: dict, key: str, scale: float) -> tuple[float, str]:
@@ -438,7 +460,8 @@ def rounds_problems(config: dict, rounds: int) -> list[str]:
     if config["study"]["train_samples"]:
         problems.append(
             f"study.train_samples: a study trains every size on the whole dataset on disk, and this run's "
-            f"hidden states take {rounds} rounds of extract.disk_budget; study one size a run (data.max_samples), "
+            f"hidden states take {rounds} rounds of extract.disk_budget; study one size a run "
+            "(data.max_samples), "
             "or give a budget that holds them all"
         )
     if config["train"]["max_samples"] or config["train"]["max_steps"]:

@@ -43,8 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--answered", action="store_true", help="--shard holds the answers already: no regeneration"
     )
-    p.add_argument("--rows-json", default=None, help="the rows of --shard this job holds (rounds)")
-    p.add_argument("--round-plan", default=None, help="the plan (plan.json): the budget the round must fit")
+    p.add_argument("--rows-json", default=None, help="the rows of --shard that this job holds (rounds)")
+    p.add_argument(
+        "--round-plan", default=None, help="the pinned plan (plan/rounds.json): the round's budget"
+    )
     p.add_argument("--base-shards", nargs="*", default=[], help="every prepared shard (for the round's size)")
     return p.parse_args(argv)
 
@@ -77,7 +79,7 @@ def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan
     if args.rows_json:
         rows = json.loads(args.rows_json)
         samples = select_rows(samples, rows, dcfg)
-        if args.round_plan is not None:
+        if args.round_plan is not None and Path(args.round_plan).exists():
             budget = int(read_json(args.round_plan)["budget_bytes"])
             check_round(args.base_shards, rows, dcfg, budget, plan, ecfg["storage"])
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered

@@ -13,7 +13,7 @@ import argparse
 import logging
 
 from draftsmith.config import section_arg
-from draftsmith.core.io import read_samples, write_json
+from draftsmith.core.io import read_samples, write_json, write_text
 from draftsmith.core.runtime import setup_logging
 from draftsmith.dataset.prepare import mask_token_uses
 from draftsmith.target.files import resolve_target, text_config
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--drafter-mask", default="auto", help="drafter.mask_token_id")
     p.add_argument("--samples", required=True, help="prepared samples (parquet)")
     p.add_argument("--out", required=True)
+    p.add_argument("--token-out", default=None, help="the chosen token id alone (what training depends on)")
     args = p.parse_args(argv)
     setup_logging()
     target, tcfg = resolve_target(args.target), section_arg(args.target_json, "target")
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     logging.info("mask token %d: %s; the prepared data never uses it", mid, choice.reason)
     write_json(args.out, {"mask_token_id": mid, "reason": choice.reason, "uses": 0})
+    if args.token_out:
+        write_text(args.token_out, f"{mid}\n")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     if plan["rounds"] != args.rounds:
         unpin(config)
         sys.exit(
-            f"plan: the workflow was planned with {args.rounds} round(s), but with the data on disk now the plan "
-            f"gives {plan['rounds']} (the data was not readable when the run started). Rerun snakemake: it plans "
+            f"plan: the workflow was planned with {args.rounds} round(s), but with the data on disk now "
+            f"the plan gives {plan['rounds']} (the data was not readable when the run started). Rerun "
+            "snakemake: it plans "
             "again; nothing has been extracted yet"
         )
     if "bytes_per_token" in plan:
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
             unpin(config)
             sys.exit(
                 f"plan: measured on the prepared data, the largest round and the held-out samples take "
-                f"{worst / 1e9:.3f} GB but extract.disk_budget gives {plan['budget_bytes'] / 1e9:.3f} GB (the "
+                f"{worst / 1e9:.3f} GB but extract.disk_budget gives {plan['budget_bytes'] / 1e9:.3f} GB "
+                "(the "
                 "rounds were planned from an estimate). Rerun snakemake: it plans again from the measured "
                 "data; nothing has been extracted yet"
             )

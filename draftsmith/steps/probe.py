@@ -1,12 +1,14 @@
-"""Probe GPUs and the target's size; decide GPUs per model copy, slots and the token budget."""
+"""Probe GPUs, the target's size and the results disk's write rate; decide GPUs per model copy, slots and the
+token budget."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from draftsmith.config import problems_message, resolve_taps, section_arg, target_problems, with_defaults
-from draftsmith.core.io import write_json
+from draftsmith.core.io import disk_write_rate, write_json
 from draftsmith.core.runtime import json_arg, setup_logging
 from draftsmith.target.files import resolve_target, text_config
 from draftsmith.target.placement import activation_bytes_per_token, decide, gpu_info, target_bytes
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             "taps": taps,
         },
         **decision,
+        "disk_write_gbs": disk_write_rate(Path(args.out).parent),
     }
     logging.info("probe: %s", {k: v for k, v in out.items() if k != "gpus"} | {"gpus": len(gpus)})
     write_json(args.out, out)

@@ -79,23 +79,36 @@ def test_rounds_as_few_as_fit_and_a_budget_below_one_round_is_refused():
 
 
 def test_plan_command_on_the_27b_preset_with_100k_prompts(tmp_path):
-    """`python -m draftsmith plan` with the Qwen3.6-27B preset and 100k prompt-only records, for 8 RTX PRO 6000
-    on a 8 TB disk: 51.2 KB a token, answers bounded by max_new_tokens, two rounds, GPU-hours from estimates."""
+    """`python -m draftsmith plan` with the Qwen3.6-27B preset and 100k prompt-only records, for 8 RTX PRO
+    6000 on a 8 TB disk: 51.2 KB a token, answers bounded by max_new_tokens, two rounds, GPU-hours from
+    estimates."""
     rng = np.random.default_rng(0)
     data = tmp_path / "train.jsonl"
     with data.open("w") as f:
         for i in range(100_000):
             f.write(json.dumps({"id": f"q{i}", "prompt": "word " * int(rng.integers(20, 400))}) + "\n")
     over = tmp_path / "over.yaml"
-    over.write_text(f"data: {{path: {data}}}\nbench: {{datasets: [{{name: b, path: {data}}}], max_prompts: 40}}\n")
+    over.write_text(
+        f"data: {{path: {data}}}\nbench: {{datasets: [{{name: b, path: {data}}}], max_prompts: 40}}\n"
+    )
     cmd = [sys.executable, "-m", "draftsmith", "plan", "--configfile", "configs/qwen3.6-27b.yaml", str(over)]
-    cmd += ["--gpus", "8", "--gpu", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "--free", "8TB", "--json"]
+    cmd += [
+        "--gpus",
+        "8",
+        "--gpu",
+        "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+        "--free",
+        "8TB",
+        "--json",
+    ]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
     plan = json.loads(out)
     assert plan["data"]["samples"] == 100_000 and plan["data"]["answer_tokens"] == 2048
     assert plan["bytes_per_token"]["bf16"] == pytest.approx(51_205) and plan["rounds"] == 2
     assert plan["states_bytes"]["bf16"] > 8e12 and plan["gpu_class"] == "RTX PRO 6000 Blackwell"
-    assert plan["stages"]["extract, all passes"]["gpu_hours"] == pytest.approx(6 * plan["stages"]["extract per epoch"]["gpu_hours"])
+    assert plan["stages"]["extract, all passes"]["gpu_hours"] == pytest.approx(
+        6 * plan["stages"]["extract per epoch"]["gpu_hours"]
+    )
     assert "estimate" in plan["stages"]["train per epoch"]["source"]
     small = subprocess.run(cmd[:-2] + ["100GB"], cwd=REPO, capture_output=True, text=True)
     assert small.returncode == 2 and "fp8" in small.stderr and "smallest round" in small.stderr
@@ -106,7 +119,10 @@ def small_disk(tmp_path):
     """A real 1 MiB file system (tmpfs), where this process may mount one (root)."""
     where = tmp_path / "disk"
     where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)]).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)]).returncode
+    ):
         pytest.skip("mounting a size-limited tmpfs needs root")
     yield where
     subprocess.run(["umount", str(where)], check=False)

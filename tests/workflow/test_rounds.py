@@ -57,7 +57,9 @@ class Peak:
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
-        assert proc.poll() is None, f"the run ended before it reached {path.name}: {proc.communicate()[0][-3000:]}"
+        assert proc.poll() is None, (
+            f"the run ended before it reached {path.name}: {proc.communicate()[0][-3000:]}"
+        )
         assert time.monotonic() < deadline, f"no {path.name} after {timeout}s"
         time.sleep(0.05)
 
@@ -69,7 +71,9 @@ def rounds_run(tmp_path_factory, tokenizer) -> dict:
     training job SIGKILLed; the third, plain `snakemake`, finishes. The states on disk are sampled all along."""
     root = tmp_path_factory.mktemp("rounds")
     data = root / "short.jsonl"  # short prompts: every sample reaches max_length, estimated or measured
-    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(RECORDS)))
+    data.write_text(
+        "".join(json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(RECORDS))
+    )
     config = make_workflow(
         root,
         tokenizer,
@@ -110,7 +114,9 @@ def rounds_run(tmp_path_factory, tokenizer) -> dict:
     )
     try:
         wait_for(flag, killed)
-        seen["records_before_kill"] = {p: p.stat().st_mtime_ns for p in (res / "rounds").glob("e*/p*/record.json")}
+        seen["records_before_kill"] = {
+            p: p.stat().st_mtime_ns for p in (res / "rounds").glob("e*/p*/record.json")
+        }
         os.kill(int(flag.read_text()), signal.SIGKILL)
         seen["killed_out"] = killed.communicate(timeout=300)[0]
     finally:
@@ -127,7 +133,9 @@ def rounds_run(tmp_path_factory, tokenizer) -> dict:
 def test_dry_run_lists_the_rounds(rounds_run):
     counts = job_counts(rounds_run["seen"]["dry"])
     assert counts["train_round"] == 6 and counts["merge_round"] == 6, counts  # 3 rounds x 2 epochs
-    assert counts["extract_round"] == 12 and counts["regenerate"] == 2, counts  # 2 shards a round; answers once
+    assert counts["extract_round"] == 12 and counts["regenerate"] == 2, (
+        counts
+    )  # 2 shards a round; answers once
     assert counts["extract_heldout"] == 2 and counts["train"] == 1, counts
 
 
@@ -165,7 +173,9 @@ def test_states_on_disk_stay_under_the_budget(rounds_run):
     plan = json.loads((res / "plan.json").read_text())
     assert plan["rounds"] == 3 and plan["budget_bytes"] == BUDGET
     assert max(plan["round_bytes"]) + plan["heldout_bytes"] <= BUDGET
-    assert states_bytes(res) == sum(p.stat().st_blocks * 512 for p in (res / "rounds/heldout").glob("*.safetensors"))
+    assert states_bytes(res) == sum(
+        p.stat().st_blocks * 512 for p in (res / "rounds/heldout").glob("*.safetensors")
+    )
 
 
 def test_every_epoch_visits_every_training_sample_once(rounds_run):
@@ -180,9 +190,13 @@ def test_every_epoch_visits_every_training_sample_once(rounds_run):
     for epoch in (0, 1):
         ids = [i for r in records if r["epoch"] == epoch for i in r["sample_ids"]]
         assert len(ids) == len(set(ids)) and set(ids) == everyone - held, (epoch, sorted(ids))
-        orders.append([r["round"] for r in sorted(records, key=lambda r: r["position"]) if r["epoch"] == epoch])
+        orders.append(
+            [r["round"] for r in sorted(records, key=lambda r: r["position"]) if r["epoch"] == epoch]
+        )
     assert held and orders[0] != orders[1]
-    steps = [(r["first_step"], r["steps"]) for r in sorted(records, key=lambda r: (r["epoch"], r["position"]))]
+    steps = [
+        (r["first_step"], r["steps"]) for r in sorted(records, key=lambda r: (r["epoch"], r["position"]))
+    ]
     assert all(a + n == b for (a, n), (b, _) in zip(steps, steps[1:]))  # one schedule across the rounds
     summary = json.loads((res / "train/summary.json").read_text())
     assert summary["steps"] == steps[-1][0] + steps[-1][1] and summary["rounds"] == 3
@@ -208,7 +222,9 @@ def test_a_train_key_change_reruns_nothing_upstream_of_extraction(rounds_run):
 def test_a_changed_budget_keeps_or_replans_the_rounds(rounds_run):
     """A budget that still holds the same rounds reruns nothing but the plan; one that needs more rounds
     restarts training, and keeps the answers and the held-out states."""
-    same = job_counts(snakemake("-n", *_changed(rounds_run, "same.yaml", extract={"disk_budget": "250KB"})).stdout)
+    same = job_counts(
+        snakemake("-n", *_changed(rounds_run, "same.yaml", extract={"disk_budget": "250KB"})).stdout
+    )
     assert set(same) <= {"plan", "all"}, same
     more = snakemake("-n", *_changed(rounds_run, "more.yaml", extract={"disk_budget": "200KB"}))
     counts = job_counts(more.stdout)

@@ -161,7 +161,7 @@ OTHER_VALUES = {
               "temperature": 0.5, "methods": ["ar", "dflash"], "real_loop": False, "thinking": True, "warmup": 0,
               "fp32_check_prompts": 1},
 }  # fmt: skip
-DOWNSTREAM = {"mask_check", "train", "export", "bench", "report", "all"}
+DOWNSTREAM = {"mask_check", "plan", "train", "export", "bench", "report", "all"}  # plan: seconds, no GPU
 
 
 def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: Path, env: dict) -> None:
@@ -178,6 +178,8 @@ def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: P
             out = snakemake("all", "-n", "--configfile", str(tmp_path / "changed.yaml"), env=env).stdout
             planned = set(job_counts(out))
             assert planned and planned <= DOWNSTREAM, (f"{section}.{key}", planned - DOWNSTREAM)
+            rerun = "bench" if section == "bench" else "train"  # and the change reaches the job that reads it
+            assert rerun in planned, (f"{section}.{key}", planned)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,14 @@ from draftsmith.config import data_sources, is_url, preflight, problems_message
 from draftsmith.dataset.fetch import fetched_name
 from draftsmith.core.gpu_pool import gpu_names, visible_gpus
 from draftsmith.plan.data import count_records
-from draftsmith.plan.plan import PlanError, make_plan, pin, render, rounds_problems
+from draftsmith.plan.plan import (
+    PINNED,
+    PlanError,
+    make_plan,
+    pin,
+    render,
+    rounds_problems,
+)
 from draftsmith.plan.rounds import round_order
 from draftsmith.target.files import is_hub_id
 
@@ -129,8 +136,6 @@ def num_shards():
 
 
 SHARDS = [f"shard{i:03d}" for i in range(num_shards())]
-
-
 
 
 def probe_value(path, key):
@@ -251,7 +256,7 @@ def study_args(wildcards, input):
     names = [f"n{n}" for n in STUDY_SIZES] + ["main"]
     return " ".join(
         shlex.quote(
-            f"{name}={getattr(input, name + '_train')}:{','.join(getattr(input, name))}"
+            f"{name}={getattr(input, f'{name}_train')}:{','.join(getattr(input, name))}"
         )
         for name in names
     )
@@ -296,5 +301,67 @@ print(f"plan:\n{render(PLAN)}", file=sys.stderr)
 ROUNDS = PLAN["rounds"]
 EPOCHS = int(math.ceil(float(config["train"]["epochs"])))
 # round ids in the order each epoch trains them (a fresh order each epoch)
-ROUND_ORDER = [round_order(ROUNDS, e, int(config["train"]["seed"])) for e in range(EPOCHS)]
+ROUND_ORDER = [
+    round_order(ROUNDS, e, int(config["train"]["seed"])) for e in range(EPOCHS)
+]
 EXTRACT_DROP = ("disk_budget",)  # a budget changes rounds, never the bytes of a shard
+
+
+# Training in rounds (workflow/rules/rounds.smk)
+
+
+def rows_json(kind, round_id=None):
+    """Which rows of a shard a job holds (draftsmith.plan.rounds.select_rows)."""
+    rows = {
+        "kind": kind,
+        "heldout_fraction": config["train"]["heldout_fraction"],
+        "seed": config["train"]["seed"],
+    }
+    if kind == "round":  # the held-out samples do not depend on the rounds
+        rows.update(rounds=ROUNDS, round=None if round_id is None else int(round_id))
+    return shlex.quote(json.dumps(rows, sort_keys=True))
+
+
+def answers_path(shard):
+    """A shard's samples with the target's answers, or as prepared when answers are not regenerated."""
+    if config["data"]["regenerate"]["enabled"]:
+        return f"{RESULTS}/answers/{shard}.parquet"
+    return f"{RESULTS}/shards/{shard}.parquet"
+
+
+def get_answers(wildcards):
+    return answers_path(wildcards.shard)
+
+
+def previous_position(epoch, pos):
+    """The (epoch, position) trained just before, or None for the first."""
+    if pos > 0:
+        return epoch, pos - 1
+    return (epoch - 1, ROUNDS - 1) if epoch > 0 else None
+
+
+def get_round_gate(wildcards):
+    """A round's extraction waits until the round before it has trained (and its states were deleted)."""
+    epoch = int(wildcards.epoch)
+    prev = previous_position(epoch, ROUND_ORDER[epoch].index(int(wildcards.round)))
+    if prev is None:
+        return {}
+    return {"gate": f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/record.json"}
+
+
+def get_round_input(wildcards):
+    """The round this position trains, its states, and the state the position before handed on."""
+    epoch, pos = int(wildcards.epoch), int(wildcards.pos)
+    rid = ROUND_ORDER[epoch][pos]
+    out = {
+        "mask": rules.mask_check.output.token,  # a new mask token retrains (see train.smk)
+        "dataset": rules.merge_round.output.manifest.format(epoch=epoch, round=rid),
+        "shards": expand(
+            rules.extract_round.output.shard, epoch=epoch, round=rid, shard=SHARDS
+        ),
+        "answers": [answers_path(s) for s in SHARDS],
+    }
+    prev = previous_position(epoch, pos)
+    if prev is not None:
+        out["state"] = f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/state.pt"
+    return out

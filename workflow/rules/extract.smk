@@ -57,13 +57,16 @@ rule prepare:
 
 
 # The drafter's mask token against the tokenized data. Extraction waits for it once (ancient: a rerun of this
-# check, after a mask key changed, recomputes nothing else).
+# check, after a mask key changed, extracts nothing again); training reads the chosen token and runs again.
 rule mask_check:
     input:
         unpack(target_input),
         samples=rules.prepare.output.samples,
     output:
         json=f"{RESULTS}/prepared/mask_check.json",
+        # training's own edge to this check: Snakemake 9.27 marks a file ancient for every consumer once one
+        # consumer (extraction) reads it as ancient, so a rerun check would not reach training through it
+        token=f"{RESULTS}/prepared/mask_token.txt",
     log:
         f"{RESULTS}/logs/mask_check.log",
     conda:
@@ -74,7 +77,8 @@ rule mask_check:
         mask=config["drafter"]["mask_token_id"],
     shell:
         "python -m draftsmith.steps.mask_check --target {params.target} --target-json {params.tcfg}"
-        " --drafter-mask {params.mask} --samples {input.samples} --out {output.json} > {log} 2>&1"
+        " --drafter-mask {params.mask} --samples {input.samples} --out {output.json} --token-out {output.token}"
+        " > {log} 2>&1"
 
 
 rule shard:

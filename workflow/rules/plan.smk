@@ -2,29 +2,6 @@
 # checked then: a round that would not fit the disk budget stops here, before any extraction.
 
 
-def rows_json(kind, round_id=None):
-    """Which rows of a shard a job holds (draftsmith.plan.rounds.select_rows)."""
-    rows = {
-        "kind": kind,
-        "heldout_fraction": config["train"]["heldout_fraction"],
-        "seed": config["train"]["seed"],
-    }
-    if kind == "round":  # the held-out samples do not depend on the rounds
-        rows.update(rounds=ROUNDS, round=None if round_id is None else int(round_id))
-    return shlex.quote(json.dumps(rows, sort_keys=True))
-
-
-def answers_path(shard):
-    """A shard's samples with the target's answers, or as prepared when answers are not regenerated."""
-    if config["data"]["regenerate"]["enabled"]:
-        return f"{RESULTS}/answers/{shard}.parquet"
-    return f"{RESULTS}/shards/{shard}.parquet"
-
-
-def get_answers(wildcards):
-    return answers_path(wildcards.shard)
-
-
 rule plan:
     input:
         samples=rules.prepare.output.samples,

@@ -5,44 +5,10 @@
 # round plus the held-out samples, which are extracted once and kept for the final evaluation.
 
 
-SHARDS_PATHS = list(rules.shard.output.shards)
-
-
 wildcard_constraints:
     epoch=r"\d+",
     pos=r"\d+",
     round=r"\d+",
-
-
-def previous_position(epoch, pos):
-    """The (epoch, position) trained just before, or None for the first."""
-    if pos > 0:
-        return epoch, pos - 1
-    return (epoch - 1, ROUNDS - 1) if epoch > 0 else None
-
-
-def get_round_gate(wildcards):
-    """A round's extraction waits until the round before it has trained (and its states were deleted)."""
-    epoch = int(wildcards.epoch)
-    prev = previous_position(epoch, ROUND_ORDER[epoch].index(int(wildcards.round)))
-    if prev is None:
-        return {}
-    return {"gate": f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/record.json"}
-
-
-def get_round_input(wildcards):
-    """The round this position trains, its states, and the state the position before handed on."""
-    epoch, pos = int(wildcards.epoch), int(wildcards.pos)
-    rid = ROUND_ORDER[epoch][pos]
-    out = {
-        "dataset": rules.merge_round.output.manifest.format(epoch=epoch, round=rid),
-        "shards": expand(rules.extract_round.output.shard, epoch=epoch, round=rid, shard=SHARDS),
-        "answers": [answers_path(s) for s in SHARDS],
-    }
-    prev = previous_position(epoch, pos)
-    if prev is not None:
-        out["state"] = f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/state.pt"
-    return out
 
 
 rule regenerate:
@@ -82,7 +48,6 @@ use rule extract as extract_round with:
         shard=get_answers,
         probe=ancient(rules.probe.output.json),
         mask=ancient(rules.mask_check.output.json),
-        plan=ancient(rules.plan.output.json),
     output:
         shard=temp(f"{RESULTS}/rounds/e{{epoch}}/{{shard}}.r{{round}}.safetensors"),
         manifest=temp(f"{RESULTS}/rounds/e{{epoch}}/{{shard}}.r{{round}}.json"),
@@ -98,7 +63,7 @@ use rule extract as extract_round with:
         ecfg=as_json("extract", drop=EXTRACT_DROP),
         rows=lambda wildcards: (
             f"--answered --rows-json {rows_json('round', wildcards.round)}"
-            f" --round-plan {RESULTS}/plan.json --base-shards {' '.join(SHARDS_PATHS)}"
+            f" --round-plan {RESULTS}/{PINNED} --base-shards {' '.join(rules.shard.output.shards)}"
         ),
 
 
@@ -122,7 +87,9 @@ use rule validate as validate_round with:
 
 use rule merge as merge_round with:
     input:
-        shards=expand(rules.extract_round.output.shard, shard=SHARDS, allow_missing=True),
+        shards=expand(
+            rules.extract_round.output.shard, shard=SHARDS, allow_missing=True
+        ),
         manifests=expand(
             rules.extract_round.output.manifest, shard=SHARDS, allow_missing=True
         ),
@@ -211,7 +178,9 @@ rule train_round:
         data=as_json("data", drop=("path",)),
         rows=rows_json("round"),
         order=shlex.quote(json.dumps(ROUND_ORDER)),
-        previous=lambda wildcards, input: f"--previous {input.state}" if "state" in input.keys() else "",
+        previous=lambda wildcards, input: (
+            f"--previous {input.state}" if "state" in input.keys() else ""
+        ),
     shell:
         "python -m draftsmith.steps.train_round --dataset {input.dataset} --target {params.target}"
         " --epoch {wildcards.epoch} --position {wildcards.pos} --order {params.order} {params.previous}"
@@ -225,6 +194,7 @@ rule train:
     input:
         unpack(target_input),
         state=f"{RESULTS}/rounds/e{EPOCHS - 1}/p{ROUNDS - 1}/state.pt",
+        mask=rules.mask_check.output.token,
         heldout=rules.merge_heldout.output.manifest,
         heldout_shards=rules.merge_heldout.input.shards,
         records=[

@@ -6,6 +6,8 @@ if ROUNDS == 1:
             unpack(target_input),
             dataset=rules.merge.output.manifest,
             shards=rules.merge.input.shards,
+            # a plain edge (extraction's is ancient): a new mask token retrains
+            mask=rules.mask_check.output.token,
         output:
             final=directory(f"{RESULTS}/train/final"),
             metrics=f"{RESULTS}/train/metrics.csv",
