@@ -15,12 +15,10 @@ import json
 import re
 import shlex
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from draftsmith.commented_yaml import LAYOUT, SECTION, Notes, flow, render
 from draftsmith.config import EXPECT_KEYS, default_taps, has_chat_template, with_defaults
 from draftsmith.core.io import write_text
 from draftsmith.drafter.config import FULL, SLIDING, DrafterConfig, config_from_target
@@ -63,11 +61,6 @@ DDTREE_BUDGETS = [16, 64, 256, 512]
 DATA_PLACEHOLDER = "data/train.jsonl"
 PROMPTS_PLACEHOLDER = "data/prompts.jsonl"
 BENCH_NAME = "heldout"
-WIDTH = 110
-LAYOUT_KEYS = ("layer_types", "sliding_window")
-
-Notes = dict[str, str]  # a section's comments by key
-SECTION, LAYOUT = "", "layout"  # the keys of a section's own comment and of the drafter's layer kinds
 
 # The DrafterConfig fields the drafter comment lists: what follows from the target.
 SHAPE_FIELDS = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
@@ -359,6 +352,36 @@ def bench_section(args: argparse.Namespace) -> tuple[dict, Notes]:
     }
 
 
+LARGE_TARGET = 1e9  # parameters from which a target gets the presets' regeneration slots and shards a GPU
+LARGE_SLOTS, LARGE_SHARDS_PER_SLOT = 128, 4  # as configs/qwen3-8b.yaml and configs/qwen3.6-27b.yaml
+
+
+def train_section(args: argparse.Namespace, warnings: list[str]) -> tuple[dict, Notes]:
+    """train.gpus: --gpus, else the GPUs visible here; with none visible, 1 and a comment to set it."""
+    from draftsmith.core.gpu_pool import visible_gpus
+
+    if args.gpus is not None:
+        return {"gpus": args.gpus}, {"gpus": "GPUs for DDP training on one node (--gpus)"}
+    seen = len(visible_gpus())
+    if seen:
+        return {"gpus": seen}, {"gpus": f"GPUs for DDP training on one node: the {seen} visible here"}
+    warnings.append(
+        "no GPU visible here: train.gpus is 1; set it to the GPUs of the node that will train (--gpus)"
+    )
+    return {"gpus": 1}, {
+        "gpus": "NO GPU WAS VISIBLE where init ran: set this to the GPUs of the node that trains (--gpus N)"
+    }
+
+
+def size_sections(source: Source) -> dict[str, int]:
+    """Regeneration slots and shards a GPU for a large target, as its presets have them."""
+    from draftsmith.plan.plan import target_params
+
+    if target_params(text_fields(source.config)) < LARGE_TARGET:
+        return {}
+    return {"batch_size": LARGE_SLOTS, "shards_per_slot": LARGE_SHARDS_PER_SLOT}
+
+
 def build(source: Source, args: argparse.Namespace) -> tuple[dict, dict[str, Notes], list[str]]:
     """The config, each section's comments (by key; SECTION for the section, LAYOUT for the drafter's layer
     kinds) and the warnings for stderr."""
@@ -368,7 +391,8 @@ def build(source: Source, args: argparse.Namespace) -> tuple[dict, dict[str, Not
     drafter, drafter_notes = drafter_section(source, taps["layers"], target["mask_token_id"], warnings)
     data, data_notes = data_section(source, args)
     bench, bench_notes = bench_section(args)
-    train = {"gpus": with_defaults("train")["gpus"] if args.gpus is None else args.gpus}
+    train, train_notes = train_section(args, warnings)
+    sized = size_sections(source)
     config = {
         "results": f"results/{short_name(source.model)}",
         "target": target,
@@ -378,59 +402,23 @@ def build(source: Source, args: argparse.Namespace) -> tuple[dict, dict[str, Not
         "train": train,
         "bench": bench,
     }
+    if sized:  # the presets' slots and shards a GPU for a large target
+        config["data"]["regenerate"]["batch_size"] = sized["batch_size"]
+        config["extract"] = {"shards_per_slot": sized["shards_per_slot"]}
+    order = ("results", "target", "taps", "drafter", "data", "extract", "train", "bench")
+    config = {k: config[k] for k in order if k in config}
     notes = {
         "target": target_notes,
         "taps": taps_notes,
         "drafter": drafter_notes,
         "data": data_notes,
-        "train": {"gpus": "GPUs for DDP training on one node (--gpus)"},
+        "train": train_notes,
+        "extract": {
+            "shards_per_slot": "shards a GPU: smaller reruns after a failure, as large targets' presets"
+        },
         "bench": bench_notes,
     }
     return config, notes, warnings
-
-
-def flow(value: object) -> str:
-    """One value as YAML on one line."""
-    return (
-        yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
-        .removesuffix("\n...\n")
-        .strip()
-    )
-
-
-def comment(text: str, indent: str) -> list[str]:
-    """`text` as comment lines (a leading indent of the text is kept: a command to copy)."""
-    lead = text[: len(text) - len(text.lstrip())]
-    return textwrap.wrap(
-        text.lstrip(),
-        WIDTH,
-        initial_indent=f"{indent}# {lead}",
-        subsequent_indent=f"{indent}# {lead}",
-        break_on_hyphens=False,
-        break_long_words=False,  # a path or a command stays whole, to be copied
-    )
-
-
-def render(config: dict, notes: dict[str, Notes], header: list[str]) -> str:
-    """The config as YAML, each key under its comment; the drafter's layer kinds last, under theirs."""
-    lines = [line for paragraph in header for line in comment(paragraph, "")]
-    for section, value in config.items():
-        said = notes.get(section, {})
-        lines += [""] + comment(said.get(SECTION, ""), "")
-        if not isinstance(value, dict):
-            lines.append(f"{section}: {flow(value)}")
-            continue
-        lines.append(f"{section}:")
-        for key, item in value.items():
-            if key not in LAYOUT_KEYS:
-                lines += comment(said.get(key, ""), "  ") + [f"  {key}: {flow(item)}"]
-        if LAYOUT in said:
-            lines += comment(said[LAYOUT], "  ")
-            lines += [f"  {k}: {flow(value[k])}" for k in LAYOUT_KEYS if k in value]
-    text = "\n".join(lines) + "\n"
-    if yaml.safe_load(text) != config:
-        raise AssertionError("init wrote YAML that does not read back as the config it meant")
-    return text
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -459,7 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     if out.exists() and not args.force:
-        raise fail(f"{out} exists; pass --force to replace it, or --out PATH to write another file")
+        if any(a == "--out" or a.startswith("--out=") for a in argv):
+            raise fail(f"{out} exists; pass --force to replace it, or --out PATH to write another file")
+        suggest = f"{short_name(args.name or args.model)}.yaml"
+        raise fail(
+            f"{out} exists (without --out, init writes config.yaml: the repository's demo config); write a "
+            f"new file with --out {suggest}, and run it with `snakemake --configfile {suggest}` (--force "
+            f"replaces {out})"
+        )
     source = read_source(args.model, name=args.name, revision=args.revision)
     config, notes, warnings = build(source, args)
     gpus, where = (args.gpus, "") if args.gpus else ("N", " (N: the node's GPUs)")

@@ -212,6 +212,12 @@ def decide_budget(
         plan.update(pinned=True, budget_source="as planned before (results/plan/rounds.json)")
         return
     budget, plan["budget_source"] = budget_bytes(config, reserves=reserves)
+    if budget <= 0:
+        raise PlanError(
+            f"extract.disk_budget: {plan['budget_source']}: nothing is left for the hidden states "
+            f"({human(plan['tokens'] * per_token)}). Free space there, point `results` at a larger disk, "
+            "set train.checkpoint_every: 0 (no checkpoints), or give extract.disk_budget a size"
+        )
     rounds, _ = decide_rounds(
         plan["tokens"] * per_token,
         budget,

@@ -166,3 +166,40 @@ def test_hub_id_from_the_offline_cache(unpadded_target, tmp_path):
     assert cfg["target"]["mask_token_id"] == tok.convert_tokens_to_ids(RESERVED[-1])
     usage = subprocess.run([sys.executable, "-m", "draftsmith"], capture_output=True, text=True, cwd=REPO)
     assert usage.returncode == 2 and "init" in usage.stderr
+
+
+def test_gpus_from_the_flag_or_the_machine(tmp_path, inputs, monkeypatch, capsys):
+    """--gpus sets train.gpus; without it, the GPUs visible here; with none, 1 and a comment that says so."""
+    shape, name = str(REPO / "configs/shapes/qwen3-8b.json"), NAMES["qwen3-8b"]
+    cfg, _ = init(tmp_path / "a.yaml", shape, "--name", name, "--gpus", "8", *inputs)
+    assert cfg["train"]["gpus"] == 8
+    monkeypatch.setenv("DRAFTSMITH_GPUS", "0,1,2,3")
+    cfg, _ = init(tmp_path / "b.yaml", shape, "--name", name, *inputs)
+    assert cfg["train"]["gpus"] == 4
+    monkeypatch.setenv("DRAFTSMITH_GPUS", "")
+    cfg, text = init(tmp_path / "c.yaml", shape, "--name", name, *inputs)
+    assert cfg["train"]["gpus"] == 1 and "NO GPU WAS VISIBLE" in text
+    assert "no GPU visible here" in capsys.readouterr().err
+
+
+def test_a_large_target_gets_the_presets_slots_and_shards(tmp_path, inputs):
+    big, _ = init(
+        tmp_path / "big.yaml", str(REPO / "configs/shapes/qwen3.6-27b.json"), "--name", "Q/27B", *inputs
+    )
+    assert big["data"]["regenerate"]["batch_size"] == 128 and big["extract"]["shards_per_slot"] == 4
+    assert big["data"]["regenerate"]["enabled"] is True  # merged into the section, not over it
+    small, _ = init(
+        tmp_path / "small.yaml", str(REPO / "configs/shapes/smollm2-135m.json"), "--name", "S/s", *inputs
+    )
+    assert (
+        small["data"]["regenerate"]["batch_size"] == 64 and small["extract"]["shards_per_slot"] == 2
+    )  # defaults
+
+
+def test_without_out_it_suggests_a_new_file_not_force(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("results: results\n")  # the repository's demo config
+    with pytest.raises(SystemExit) as stop:
+        main([str(REPO / "configs/shapes/qwen3.6-27b.json"), "--name", "Qwen/Qwen3.6-27B"])
+    assert "--out qwen3.6-27b.yaml" in str(stop.value) and "demo config" in str(stop.value)
+    assert (tmp_path / "config.yaml").read_text() == "results: results\n"

@@ -110,7 +110,7 @@ def test_plan_command_on_the_27b_preset_with_100k_prompts(tmp_path):
         6 * plan["stages"]["extract per epoch"]["gpu_hours"]
     )
     assert "estimate" in plan["stages"]["train per epoch"]["source"]
-    small = subprocess.run(cmd[:-2] + ["100GB"], cwd=REPO, capture_output=True, text=True)
+    small = subprocess.run(cmd[:-2] + ["400GB"], cwd=REPO, capture_output=True, text=True)
     assert small.returncode == 2 and "fp8" in small.stderr and "smallest round" in small.stderr
 
 

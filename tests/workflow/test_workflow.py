@@ -264,3 +264,13 @@ def test_jobs_run_with_snakemakes_interpreter_from_a_bare_shell(tmp_path, tokeni
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "results" / "probe.json").read_text())["target"]["num_layers"] == 8
+
+
+def test_dry_run_without_gpus_names_node_gpus(small_run, tmp_path):
+    """A config that trains on several GPUs, dry-run where there are none: the plan says it is a CPU plan and
+    names node_gpus, instead of planning a CPU run in silence."""
+    cfg = yaml.safe_load((small_run / "config.yaml").read_text())
+    cfg["train"] = {**cfg.get("train", {}), "gpus": 8}
+    (tmp_path / "gpus.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake("-n", "--configfile", str(tmp_path / "gpus.yaml"), env={"DRAFTSMITH_GPUS": ""})
+    assert "planned for a CPU run" in proc.stderr and "node_gpus=8" in proc.stderr, proc.stderr[-2000:]

@@ -365,3 +365,13 @@ def get_round_input(wildcards):
     if prev is not None:
         out["state"] = f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/state.pt"
     return out
+
+
+if not NODE_GPUS and int(config["train"]["gpus"]) > 1:
+    print(
+        f"preflight: no GPU on this machine, so this DAG is planned for a CPU run ({len(SHARDS)} shards on "
+        f"{config['extract']['cpu_slots']} CPU slots, training on the CPU), though train.gpus is "
+        f"{config['train']['gpus']}. To plan the node that will run it, set node_gpus (for example "
+        f"--config node_gpus={config['train']['gpus']}), or run snakemake there",
+        file=sys.stderr,
+    )
