@@ -12,6 +12,7 @@ head of its own.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +52,30 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
     """Dense boolean mask (CPU, inference) or a FlexAttention BlockMask (GPU training)."""
     if mask is None or isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    return flex(q, k, v, block_mask=mask, enable_gqa=True)
+    tiles = flex_tiles(q.shape[-1], q.device)
+    if tiles is None:
+        return flex(q, k, v, block_mask=mask, enable_gqa=True)
+    return flex(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=tiles)
+
+
+# FlexAttention's kernel tiles where Inductor's defaults do not fit a block's shared memory: above head_dim
+# 128 they ask for more than sm_12x GPUs (RTX PRO 6000 Blackwell: 101,376 bytes) have
+# (pytorch/pytorch#198224). The blocks must divide FLEX_TILE, the block mask's tile.
+SMALL_FLEX_TILES = {"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1, "BLOCK_M1": 16, "BLOCK_N1": 32,
+                    "BLOCK_M2": 32, "BLOCK_N2": 16}  # fmt: skip
+DEFAULT_TILES_SHARED = 200 * 1024  # shared memory a block that the default tiles need above head_dim 128
+SMALL_TILES_ABOVE_HEAD_DIM = 128
+
+
+def flex_tiles(head_dim: int, device: torch.device) -> dict | None:
+    """SMALL_FLEX_TILES where the device's shared memory a block cannot hold the default tiles, else None
+    (Inductor's own choice, the fastest on a Hopper). DRAFTSMITH_SHARED_MEMORY stands in for the device's
+    figure (bytes), to build another GPU's kernels; DRAFTSMITH_FLEX_TILES=default keeps Inductor's."""
+    if head_dim <= SMALL_TILES_ABOVE_HEAD_DIM or os.environ.get("DRAFTSMITH_FLEX_TILES") == "default":
+        return None
+    limit = os.environ.get("DRAFTSMITH_SHARED_MEMORY")
+    shared = int(limit) if limit else torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return dict(SMALL_FLEX_TILES) if shared < DEFAULT_TILES_SHARED else None
 
 
 _flex_compiled = None
