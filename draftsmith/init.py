@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.commented_yaml import LAYOUT, SECTION, Notes, flow, render
-from draftsmith.config import EXPECT_KEYS, default_taps, has_chat_template, with_defaults
+from draftsmith.config import default_taps, with_defaults
 from draftsmith.core.io import write_text
 from draftsmith.drafter.config import FULL, SLIDING, DrafterConfig, config_from_target
+from draftsmith.preflight import EXPECT_KEYS, has_chat_template
 from draftsmith.target.files import is_hub_id, text_fields
 
 # What init reads of a hub repository: its configs and tokenizer files, never weights.

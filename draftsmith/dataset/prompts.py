@@ -69,12 +69,34 @@ def read_prompts(path: str) -> list[dict]:
     return out
 
 
+LISTED_LINES = 10  # bad lines a problem names before it counts the rest
+
+
 def prompt_file_problems(path: str, *, key: str) -> list[str]:
-    """What preflight says about a prompt file that exists on this machine (nothing: it is fine)."""
+    """What preflight says about a prompt file that exists on this machine (nothing: it is fine): every bad
+    line, up to LISTED_LINES named, so that one pass fixes the file."""
+    bad, seen, count = [], set(), 0
     try:
-        read_prompts(path)
+        for source, line, rec in iter_records(path):
+            count += 1
+            try:
+                if isinstance(rec, Exception):
+                    raise rec
+                prompt_messages(rec)
+            except BadRecord as e:
+                bad.append(f"{source}:{line}: {e}")
+                continue
+            rid = rec.get("id", rec.get("task_id", rec.get("question_id")))
+            if rid is not None and str(rid) in seen:
+                bad.append(f"{source}:{line}: duplicate id {str(rid)!r}")
+            seen.add(str(rid))
     except BadRecord as e:
         return [f"{key}: {e}"]
     except (OSError, ValueError) as e:  # unreadable Parquet and the like
         return [f"{key}: {path}: cannot be read ({type(e).__name__}: {e})"]
-    return []
+    if not count:
+        return [f"{key}: {path}: no prompts (the file is empty)"]
+    more = len(bad) - LISTED_LINES
+    return [f"{key}: {line}" for line in bad[:LISTED_LINES]] + (
+        [f"{key}: and {more} more bad lines"] if more > 0 else []
+    )

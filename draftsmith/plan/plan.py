@@ -46,7 +46,7 @@ def gpu_class(name: str | None) -> dict:
 def target_shape(config: dict) -> tuple[dict | None, str]:
     """The target's text shape without loading weights: the demo's, a local or cached config.json, or the
     preset's `target.expect`."""
-    from draftsmith.config import parse_time_target
+    from draftsmith.preflight import parse_time_target
     from draftsmith.target.files import text_config
 
     if config["target"]["model"] == "demo":
@@ -104,7 +104,7 @@ def states_on_disk(results: str | Path) -> int:
 def hub_cache_bytes(config: dict, shape: dict | None) -> int:
     """What a hub target not cached yet will add to the Hugging Face cache (its bf16 weights), when that
     cache shares the results disk."""
-    from draftsmith.config import parse_time_target
+    from draftsmith.preflight import parse_time_target
     from draftsmith.target.files import is_hub_id
 
     model = config["target"]["model"]

@@ -7,9 +7,10 @@ import argparse
 import logging
 from pathlib import Path
 
-from draftsmith.config import problems_message, resolve_taps, section_arg, target_problems, with_defaults
+from draftsmith.config import resolve_taps, section_arg, with_defaults
 from draftsmith.core.io import disk_write_rate, write_json
 from draftsmith.core.runtime import json_arg, setup_logging
+from draftsmith.preflight import problems_message, target_problems
 from draftsmith.target.files import resolve_target, text_config
 from draftsmith.target.placement import activation_bytes_per_token, decide, gpu_info, target_bytes
 

@@ -3,7 +3,8 @@ stop a run before any job (here: taps no serving engine would feed the drafter).
 
 import pytest
 
-from draftsmith.config import target_problems, with_defaults
+from draftsmith.config import with_defaults
+from draftsmith.preflight import target_problems
 
 TEXT = {"num_hidden_layers": 12, "vocab_size": 1000, "hidden_size": 64}
 

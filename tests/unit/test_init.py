@@ -18,9 +18,10 @@ from snakemake.utils import validate
 from tokenizers import AddedToken
 from transformers import AutoTokenizer
 
-from draftsmith.config import SCHEMA, default_taps, preflight
+from draftsmith.config import SCHEMA, default_taps
 from draftsmith.demo.target import demo_config
 from draftsmith.init import DRAFTER_WINDOW, main
+from draftsmith.preflight import preflight
 from draftsmith.target.mask import eos_ids_on_disk, reserved_ids, template_ids
 
 SHAPES = sorted((REPO / "configs" / "shapes").glob("*.json"))

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from draftsmith.config import bench_problems, with_defaults
+from draftsmith.config import with_defaults
 from draftsmith.dataset.prepare import BadRecord
 from draftsmith.dataset.prompts import read_prompts
+from draftsmith.preflight import bench_problems
 
 
 def write(path, rows):

@@ -9,8 +9,9 @@ import torch
 from conftest import build_target, hub_cache
 from tokenizers import AddedToken
 
-from draftsmith.config import preflight, with_defaults
+from draftsmith.config import with_defaults
 from draftsmith.core.runtime import cpu_computes_bf16, resolve_dtype
+from draftsmith.preflight import preflight
 from draftsmith.steps import fetch_target
 from draftsmith.target.files import is_hub_id, resolve_target, text_config
 from draftsmith.target.load import load_tokenizer

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import digest, hub_cache, job_counts, make_workflow, snakemake
 
-from draftsmith.config import preflight
+from draftsmith.preflight import preflight
 
 
 @pytest.fixture(scope="module")

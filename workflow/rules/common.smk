@@ -9,7 +9,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from draftsmith.config import data_sources, is_url, preflight, problems_message
+from draftsmith.config import data_sources, is_url
+from draftsmith.preflight import preflight, problems_message
 from draftsmith.dataset.fetch import fetched_name
 from draftsmith.core.gpu_pool import gpu_names, visible_gpus
 from draftsmith.plan.data import count_records

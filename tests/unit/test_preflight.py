@@ -1,0 +1,77 @@
+"""Preflight at parse time, before any download or job: the first records of each data file, every bad line of
+a prompt file, and a hub target not fetched yet checked against its preset's `target.expect`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from draftsmith.config import with_defaults
+from draftsmith.preflight import preflight
+
+SHAPE = {"num_hidden_layers": 24, "hidden_size": 64, "vocab_size": 1000}  # a preset's target.expect
+
+
+def config(
+    tmp_path: Path, records: list[dict], *, regenerate: bool, prompts: list[dict] | None = None, **target
+):
+    data, bench = tmp_path / "train.jsonl", tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    bench.write_text("".join(json.dumps(p) + "\n" for p in prompts or [{"prompt": "hi"}]))
+    return {
+        "results": str(tmp_path / "results"),
+        "target": with_defaults("target", {"model": "someone/not-fetched", **target}),
+        "data": with_defaults("data", {"path": str(data), "regenerate": {"enabled": regenerate}}),
+        "taps": with_defaults("taps"),
+        "drafter": with_defaults("drafter"),
+        "bench": with_defaults("bench", {"datasets": [{"name": "b", "path": str(bench)}]}),
+    }
+
+
+def test_a_text_corpus_stops_naming_file_and_line(tmp_path):
+    cfg = config(tmp_path, [{"text": "a document"}] * 3, regenerate=True)
+    problems = preflight(cfg)
+    assert any(f"{tmp_path}/train.jsonl:1: record has neither `messages`" in p for p in problems), problems
+    assert any(":3:" in p for p in problems)  # every bad line of the first ones, not only the first
+
+
+def test_prompts_without_answers_and_regeneration_off_stop(tmp_path):
+    cfg = config(tmp_path, [{"prompt": "write a sort"}, {"prompt": "and a search"}], regenerate=False)
+    problems = preflight(cfg)
+    assert any(
+        "train.jsonl:1: a prompt without an answer" in p and "data.regenerate.enabled" in p for p in problems
+    )
+    assert preflight(config(tmp_path, [{"prompt": "write a sort"}], regenerate=True)) == []
+
+
+def test_a_bad_prompt_file_names_every_bad_line(tmp_path):
+    prompts = [
+        {"prompt": "ok"},
+        {"text": "no prompt"},
+        {"prompt": "ok"},
+        {"turns": []},
+        {"id": 1, "prompt": "a"},
+    ]
+    prompts.append({"id": 1, "prompt": "b"})
+    problems = preflight(
+        config(tmp_path, [{"prompt": "p", "response": "r"}], regenerate=False, prompts=prompts)
+    )
+    text = "\n".join(problems)
+    assert (
+        "prompts.jsonl:2:" in text and "prompts.jsonl:4:" in text and "prompts.jsonl:6: duplicate id" in text
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "taps", "says"),
+    [
+        ({"expect": SHAPE}, [1, 30], "out of range"),
+        ({"mask_token_id": 5000, "expect": SHAPE}, "auto", "outside the vocabulary"),
+    ],
+)  # fmt: skip
+def test_a_hub_target_not_fetched_is_checked_against_expect(tmp_path, target, taps, says):
+    cfg = config(tmp_path, [{"prompt": "p", "response": "r"}], regenerate=False, **target)
+    cfg["taps"]["layers"] = taps
+    assert any(says in p for p in preflight(cfg)), preflight(cfg)
