@@ -17,6 +17,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from draftsmith.commented_yaml import LAYOUT, SECTION, Notes, flow, render
 from draftsmith.config import default_taps, with_defaults
@@ -394,7 +395,7 @@ def build(source: Source, args: argparse.Namespace) -> tuple[dict, dict[str, Not
     bench, bench_notes = bench_section(args)
     train, train_notes = train_section(args, warnings)
     sized = size_sections(source)
-    config = {
+    config: dict[str, Any] = {
         "results": f"results/{short_name(source.model)}",
         "target": target,
         "taps": taps,

@@ -74,7 +74,8 @@ def flex_tiles(head_dim: int, device: torch.device) -> dict | None:
     if head_dim <= SMALL_TILES_ABOVE_HEAD_DIM or os.environ.get("DRAFTSMITH_FLEX_TILES") == "default":
         return None
     limit = os.environ.get("DRAFTSMITH_SHARED_MEMORY")
-    shared = int(limit) if limit else torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    props = torch.cuda.get_device_properties(device) if not limit else None
+    shared = int(limit) if limit else int(getattr(props, "shared_memory_per_block_optin", 0))
     return dict(SMALL_FLEX_TILES) if shared < DEFAULT_TILES_SHARED else None
 
 
