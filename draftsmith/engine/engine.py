@@ -165,6 +165,13 @@ class Engine:
         self.eos = torch.as_tensor(sorted(set(eos_ids)) or [-1], device=self.device)
         head = model.get_output_embeddings().weight.device  # where the logits are (the last GPU of a group)
         self.generator = torch.Generator(device=head).manual_seed(seed) if temperature > 0 else None
+        self._allocate(slots, max_len, pad_id)
+        self._set_up_kernels(
+            model, cuda_graph=cuda_graph, fused_kernels=fused_kernels, layer_kernels=layer_kernels
+        )
+
+    def _allocate(self, slots: int, max_len: int, pad_id: int) -> None:
+        """The slots' cache and per-slot state, on the model's first device."""
         self.cache = SlotCache(self.types, slots, max_len, self.device)
         d = self.device
         self.cur = torch.full((slots,), pad_id, dtype=torch.long, device=d)  # the token each slot feeds next
@@ -174,14 +181,17 @@ class Engine:
         self.out = torch.full(
             (slots, max_len + 1), pad_id, dtype=torch.long, device=d
         )  # last column: scratch
+        self._cols = torch.arange(max_len, device=d)
+
+    def _set_up_kernels(self, model, *, cuda_graph: bool, fused_kernels: bool, layer_kernels: bool) -> None:
+        """The CUDA graph's switch, the attention interface and masks, and the Triton kernels a GPU runs."""
         # one decode step replayed as a CUDA graph (greedy only: sampling would need the generator in the
         # graph)
         devices = {p.device for p in model.parameters()}
         one_gpu = len(devices) == 1  # a graph is captured on one device
-        self.cuda_graph = cuda_graph and self.device.type == "cuda" and temperature <= 0 and one_gpu
+        self.cuda_graph = cuda_graph and self.device.type == "cuda" and self.temperature <= 0 and one_gpu
         self.graph: torch.cuda.CUDAGraph | None = None
         self.cache.static = self.cuda_graph
-        self._cols = torch.arange(max_len, device=d)
         self._body = body(model)
         self._cache_kw = cache_kwarg(self._body)
         # hybrid models and those naming sliding layers take one mask per layer kind; the others one 4D mask

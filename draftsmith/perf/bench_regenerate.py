@@ -20,7 +20,7 @@ import torch
 from draftsmith.core.io import write_json
 from draftsmith.core.runtime import resolve_dtype, sync_device
 from draftsmith.engine.engine import PREFILL_TOKENS, Engine
-from draftsmith.engine.kernels import time_kernels
+from draftsmith.engine.kernel_checks import time_kernels
 from draftsmith.perf.profile_extract import time_by_kind
 from draftsmith.perf.regeneration import bare_forward_s, bench, kernel_variants
 from draftsmith.perf.shapes import TINY_SHAPES, build_model, load_shape

@@ -1,43 +1,23 @@
-"""Regeneration throughput: the slot engine against Transformers' generate on the same prompts."""
+"""Regeneration throughput: the slot engine's rows at each slot count and kernel variant, its prefill against
+the bare forward, and (perf/against_generate.py) against Transformers' generate on the same prompts."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-import numpy as np
 import torch
 
 from draftsmith.core.runtime import sync_device
-from draftsmith.engine.engine import PREFILL_TOKENS, Engine, RegenStats, left_pad
-from draftsmith.engine.kernels import available, self_check
+from draftsmith.engine.engine import PREFILL_TOKENS, Engine, RegenStats
+from draftsmith.engine.kernel_checks import self_check
+from draftsmith.engine.kernels import available
+from draftsmith.perf.against_generate import answer_lengths, greedy_check, same_prompts_rows, timed_engine
 from draftsmith.target.fusion import failures as fusion_failures
 from draftsmith.target.fusion import fused_modules, kernel_modules
 from draftsmith.target.layers import body
 
 log = logging.getLogger(__name__)
-
-
-@torch.inference_mode()
-def hf_generate(
-    model, prompts: list[list[int]], new_tokens: int, pad_id: int = 0
-) -> tuple[list[list[int]], float]:
-    """Transformers' greedy `generate` on one left-padded batch (no EOS): answers and seconds."""
-    device = next(model.parameters()).device
-    ids, att = left_pad(prompts, pad_id)
-    sync_device(device)
-    t0 = time.perf_counter()
-    out = model.generate(
-        input_ids=ids.to(device),
-        attention_mask=att.to(device),
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=pad_id,
-    )
-    sync_device(device)
-    return out[:, ids.shape[1] :].tolist(), time.perf_counter() - t0
 
 
 def bare_forward_s(model, prompts: list[list[int]]) -> float:
@@ -55,173 +35,6 @@ def bare_forward_s(model, prompts: list[list[int]]) -> float:
     return time.perf_counter() - t0
 
 
-def answer_lengths(n: int, longest: int, spread: bool, seed: int = 0) -> list[int]:
-    """Every answer `longest` tokens, or (spread) lengths drawn uniformly from longest/8 to longest: a
-    random-weight target never says EOS, so this stands in for answers that end at different times."""
-    if not spread:
-        return [longest] * n
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(max(1, longest // 8), longest + 1, (n,), generator=g).tolist()
-
-
-def _timed_engine(
-    model,
-    prompts: list[list[int]],
-    *,
-    slots: int,
-    new_tokens: int | list[int],
-    max_len: int,
-    graph: bool,
-    fused: bool = True,
-    pow2_groups: bool = True,
-    min_refill: int = 1,
-    packed: bool = False,
-    layer_kernels: bool = True,
-) -> tuple[Engine, list[list[int]], RegenStats]:
-    """One engine run after a one-prompt warm-up (kernels, autotuning, allocator, graph capture)."""
-    device = next(model.parameters()).device
-    engine = Engine(
-        model,
-        slots=slots,
-        max_len=max_len,
-        eos_ids=[],
-        sync_every=8,
-        cuda_graph=graph,
-        fused_kernels=fused,
-        pow2_groups=pow2_groups,
-        min_refill=min_refill,
-        packed=packed,
-        layer_kernels=layer_kernels,
-    )
-    engine.run(prompts[:1], 8, progress=False)  # every step runs all slots, so this warms the full batch
-    sync_device(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    answers, stats = engine.run(prompts, new_tokens, progress=False)
-    sync_device(device)
-    return engine, answers, stats
-
-
-def _time_generate(model, prompts: list[list[int]], *, batch: int, lengths: list[int]) -> tuple[float, float]:
-    """Seconds of `generate` over all batches, and of one-token runs of the same batches: their prefill."""
-    hf_generate(model, prompts[:batch], 2)  # warm-up
-    gen_s = gen_prefill_s = 0.0
-    for i in range(0, len(prompts), batch):
-        group = prompts[i : i + batch]
-        gen_prefill_s += hf_generate(model, group, 1)[1]
-        gen_s += hf_generate(model, group, max(lengths[i : i + batch]))[1]
-    return gen_s, gen_prefill_s
-
-
-def _same_prompts_again(
-    engine: Engine, prompts: list[list[int]], *, lengths: list[int], generate_rate: float, log
-) -> dict:
-    """The same prompts again on the same engine: what a long job sees once every kernel is compiled and
-    tuned."""
-    sync_device(engine.device)
-    again = engine.run(prompts, lengths, progress=False)[1]
-    row = {
-        "engine_again_seconds": again.seconds,
-        "engine_again_prefill_seconds": again.prefill_seconds,
-        "engine_again_tokens_per_s": again.new_tokens_per_s,
-        "ratio_again": again.new_tokens_per_s / generate_rate,
-    }
-    log(
-        f"engine again on the same prompts: {again.new_tokens_per_s:.0f} new tok/s ({again.seconds:.1f}s, "
-        f"{again.prefill_seconds:.1f}s of it prefill): {row['ratio_again']:.1f}x generate; "
-        f"{again.admission_summary()}"
-    )
-    return row
-
-
-def same_prompts(
-    model,
-    prompts: list[list[int]],
-    *,
-    batch: int,
-    lengths: list[int],
-    graph: bool,
-    log=print,
-    pow2_groups: bool = True,
-    min_refill: int = 1,
-    packed: bool = False,
-) -> dict:
-    """`generate` and the engine on the same prompts and answer lengths at the same batch size.
-
-    `generate` takes the prompts `batch` at a time and runs each batch until its longest answer is done (what
-    it does with EOS on: finished rows keep decoding padding); only the `lengths` count as new tokens. The
-    engine gets them all through `batch` slots. Decode-only rates subtract each side's prefill (`generate`: a
-    one-token run of the same batch).
-    """
-    device = next(model.parameters()).device
-    row: dict = {"batch": batch, "prompts": len(prompts), "longest": max(lengths), "new_tokens": sum(lengths)}
-    try:
-        gen_s, gen_prefill_s = _time_generate(model, prompts, batch=batch, lengths=lengths)
-    except torch.OutOfMemoryError as e:
-        row["generate_error"] = f"OutOfMemoryError: {str(e).splitlines()[0]}"
-        log(f"same prompts, batch {batch}: generate ran out of memory")
-        return row
-    finally:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    steps = sum(max(lengths[i : i + batch]) - 1 for i in range(0, len(prompts), batch))
-    row.update(
-        generate_seconds=gen_s,
-        generate_tokens_per_s=row["new_tokens"] / gen_s,
-        generate_step_ms=1e3 * (gen_s - gen_prefill_s) / max(steps, 1),
-        generate_decode_tokens_per_s=(row["new_tokens"] - len(prompts)) / max(gen_s - gen_prefill_s, 1e-9),
-    )
-    log(
-        f"same prompts, batch {batch}: generate {row['generate_tokens_per_s']:.0f} new tok/s end to end "
-        f"({gen_s:.1f}s, {row['generate_step_ms']:.0f} ms a step), {row['generate_decode_tokens_per_s']:.0f} "
-        "decoding"
-    )
-    max_len = len(prompts[0]) + max(lengths) + 1
-    engine, _, stats = _timed_engine(
-        model,
-        prompts,
-        slots=batch,
-        new_tokens=lengths,
-        max_len=max_len,
-        graph=graph,
-        pow2_groups=pow2_groups,
-        min_refill=min_refill,
-        packed=packed,
-    )
-    row.update(
-        cuda_graph=engine.cuda_graph,
-        pow2_groups=pow2_groups,
-        min_refill=min_refill,
-        packed=packed,
-        engine_seconds=stats.seconds,
-        engine_prefill_seconds=stats.prefill_seconds,
-        engine_tokens_per_s=stats.new_tokens_per_s,
-        engine_decode_tokens_per_s=stats.decode_tokens_per_s,
-        ratio=stats.new_tokens_per_s / row["generate_tokens_per_s"],
-        decode_ratio=stats.decode_tokens_per_s / row["generate_decode_tokens_per_s"],
-    )
-    log(
-        f"same {len(prompts)} prompts at batch {batch}, answers of {min(lengths)}-{max(lengths)} tokens "
-        f"({row['new_tokens']} in all), prefill included: generate {row['generate_tokens_per_s']:.0f} new "
-        f"tok/s ({gen_s:.1f}s, {row['generate_step_ms']:.0f} ms a step), engine "
-        f"{row['engine_tokens_per_s']:.0f} ({stats.seconds:.1f}s, {stats.prefill_seconds:.1f}s of it "
-        f"prefill, graph {row['cuda_graph']}, powers of two {pow2_groups}, min refill {min_refill}): "
-        f"{row['ratio']:.1f}x; "
-        f"decoding alone: generate {row['generate_decode_tokens_per_s']:.0f}, engine "
-        f"{row['engine_decode_tokens_per_s']:.0f}: {row['decode_ratio']:.1f}x"
-    )
-    log(f"engine, {stats.admission_summary()}")
-    row.update(
-        _same_prompts_again(
-            engine, prompts, lengths=lengths, generate_rate=row["generate_tokens_per_s"], log=log
-        )
-    )
-    del engine
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return row
-
-
 def kernel_check(device: torch.device, *, log=print) -> dict:
     """On a GPU, the in-place decode kernels' largest differences from the functions they replace (the engine
     rows run on them); nothing elsewhere."""
@@ -233,49 +46,6 @@ def kernel_check(device: torch.device, *, log=print) -> dict:
         f"{ {k: f'{v:.2e}' for k, v in check.items()} }"
     )
     return {"kernel_check": check}
-
-
-def greedy_check(model, prompts: list[list[int]], *, check_tokens: int, log=print) -> dict:
-    """How many tokens the engine's greedy answers share with `generate`'s at batch 1, and generate's top-1
-    minus top-2 logit where they first differ: a difference at a near-tie is rounding, not a bug."""
-    device = next(model.parameters()).device
-    agree, margins, typical = [], [], []
-    for p in prompts:
-        ids = torch.as_tensor([p], device=device)
-        ref = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=check_tokens,
-            min_new_tokens=check_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-        want = ref.sequences[0, len(p) :].tolist()
-        top2 = torch.stack(
-            [x[0].float().topk(2).values for x in ref.scores]
-        )  # generate's own logits per step
-        gap = (top2[:, 0] - top2[:, 1]).tolist()
-        got, _ = Engine(model, slots=1, max_len=len(p) + check_tokens + 1, eos_ids=[]).run(
-            [p], check_tokens, progress=False
-        )
-        same = next((i for i, (a, b) in enumerate(zip(want, got[0])) if a != b), len(got[0]))
-        agree.append(same)
-        margins.append(gap[same] if same < len(gap) else None)
-        typical.append(float(np.median(gap)))
-    log(
-        f"greedy check, first {check_tokens} tokens vs generate at batch 1: tokens equal before the first "
-        f"difference per prompt {agree}; generate's top-1 minus top-2 logit there "
-        f"{[None if m is None else round(m, 4) for m in margins]} (median over its steps "
-        f"{[round(m, 4) for m in typical]}: a difference at a near-tie is rounding, not a bug)"
-    )
-    return {
-        "greedy_agreement": agree,
-        "greedy_margin_at_difference": margins,
-        "greedy_median_margin": typical,
-    }
 
 
 def _engine_figures(engine: Engine, stats: RegenStats, answers: list[list[int]], *, batch: int) -> dict:
@@ -340,7 +110,7 @@ def _engine_row(
     """One engine variant timed: its row and answers, or an error row and None."""
     device = next(model.parameters()).device
     try:
-        engine, answers, stats = _timed_engine(
+        engine, answers, stats = timed_engine(
             model,
             prompts,
             slots=batch,
@@ -487,6 +257,12 @@ def best_row(rows: list[dict], *, log=print) -> dict | None:
     return best
 
 
+def random_prompts(n: int, vocab: int, *, prompt_len: int, seed: int) -> list[list[int]]:
+    """`n` prompts of random token ids (a random-weight target has no meaningful text)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(n)]
+
+
 def bench(
     model,
     vocab: int,
@@ -513,20 +289,17 @@ def bench(
     again: bool = False,
     log=print,
 ) -> dict:
-    """New tokens/s of the engine at each slot count (prompts = slots x waves, answers of fixed length: EOS
-    off), end to end (prefill included) and for the decode loop alone, eager (only at `eager_batches` if
-    given) and as a CUDA graph if `graphs` says so; at `unfused_batches` also without the Triton decode
-    kernels, and at `plain_layer_batches` with Transformers' RMSNorms and gated MLPs instead of
-    target.fusion's kernels (their A/B); then `generate` and the engine on the very same prompts and answer
-    lengths at the `generate_batches` sizes (see same_prompts). `spread_engine` gives the engine rows answer
-    lengths from 1/8 to all of `new_tokens`, and `again` reruns each of them on the warm engine. Plus a greedy
-    agreement check of the first `check_tokens` tokens against `generate` at batch 1."""
+    """New tokens/s of the engine at each slot count (prompts = slots x waves, fixed answers: EOS off), end to
+    end and decoding alone, eager (at `eager_batches` if given) and as a CUDA graph if `graphs` says so; at
+    `unfused_batches` without the Triton decode kernels, at `plain_layer_batches` with Transformers' norms and
+    MLPs (their A/Bs); then `generate` and the engine on the same prompts at `generate_batches` (see
+    same_prompts). `spread_engine`: answers of 1/8 to all of `new_tokens`; `again`: each row rerun warm. Plus
+    a greedy agreement check of `check_tokens` tokens against `generate` at batch 1."""
     device = next(model.parameters()).device
-    g = torch.Generator().manual_seed(seed)
     top = max(
         [b * waves for b in batch_sizes] + [b * generate_waves for b in generate_batches] + [check_prompts]
     )
-    prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(top)]
+    prompts = random_prompts(top, vocab, prompt_len=prompt_len, seed=seed)
     result: dict = {"prompt_len": prompt_len, "new_tokens": new_tokens, "waves": waves, "engine": []}
     result.update(kernel_check(device, log=log))
     result.update(greedy_check(model, prompts[:check_prompts], check_tokens=check_tokens, log=log))
@@ -554,20 +327,18 @@ def bench(
     if device.type == "cuda" and batch_sizes:
         result.update(prefill_against_bare(model, prompts, result["engine"], prompt_len=prompt_len, log=log))
     result["best"] = best_row(result["engine"], log=log)
-    result["same_prompts"] = []
-    for b in generate_batches:
-        n = b * generate_waves
-        result["same_prompts"].append(
-            same_prompts(
-                model,
-                prompts[:n],
-                batch=b,
-                lengths=answer_lengths(n, generate_new_tokens, spread, seed),
-                graph=graphs[-1] and graph_ok,
-                log=log,
-                pow2_groups=pow2_groups,
-                min_refill=min_refill,
-                packed=packed,
-            )
-        )
+    result["same_prompts"] = same_prompts_rows(
+        model,
+        prompts,
+        batches=generate_batches,
+        waves=generate_waves,
+        new_tokens=generate_new_tokens,
+        spread=spread,
+        seed=seed,
+        graph=graphs[-1] and graph_ok,
+        log=log,
+        pow2_groups=pow2_groups,
+        min_refill=min_refill,
+        packed=packed,
+    )
     return result

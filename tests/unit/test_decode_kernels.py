@@ -10,7 +10,8 @@ import torch
 from conftest import compile_for_h200, tiny_model
 
 from draftsmith.engine.engine import Engine
-from draftsmith.engine.kernels import as_segments, available, fused_decode, packed_prefill, self_check
+from draftsmith.engine.kernel_checks import self_check
+from draftsmith.engine.kernels import as_segments, available, fused_decode, packed_prefill
 from draftsmith.target.layers import mixer_module
 
 VOCAB = 448
