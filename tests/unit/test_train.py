@@ -314,7 +314,7 @@ def test_sigkill_mid_run_then_rerun_finishes_the_same_run(toy, tmp_path):
 def test_ddp_two_ranks_train_and_rank0_writes(toy, tmp_path):
     """Two torchrun ranks (gloo on the CPU: the same DDP code path as NCCL on GPUs) train one drafter."""
     env = dict(os.environ, PYTHONPATH=str(REPO), DRAFTSMITH_DISTRIBUTED="1", OMP_NUM_THREADS="1")
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU's gloo even on a GPU machine (two ranks need two GPUs for NCCL)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on the CPU on a GPU machine too (NCCL would need two GPUs)
     tj = json.dumps({**TRAIN, "epochs": 2})
     out = tmp_path / "ddp"
     proc = subprocess.run(
