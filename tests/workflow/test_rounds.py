@@ -170,6 +170,7 @@ def test_a_kill_mid_round_redoes_only_that_round(rounds_run):
 def test_states_on_disk_stay_under_the_budget(rounds_run):
     seen, res = rounds_run["seen"], rounds_run["res"]
     assert 0 < seen["peak"] <= BUDGET, seen["peak"]
+    print(f"states on disk at most {seen['peak']} bytes under a budget of {BUDGET}")
     plan = json.loads((res / "plan.json").read_text())
     assert plan["rounds"] == 3 and plan["budget_bytes"] == BUDGET
     assert max(plan["round_bytes"]) + plan["heldout_bytes"] <= BUDGET
