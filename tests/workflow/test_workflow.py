@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import digest, hub_cache, job_counts, make_workflow, snakemake
 
-from draftsmith.preflight import preflight
+from draftsmith.preflight import FIRST_RECORDS, preflight
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,11 @@ def test_bad_config_names_the_key(small_run):
 
 
 def test_bad_record_stops_prepare_with_file_and_line(small_run, tmp_path):
+    """A bad line past the records preflight reads at parse time (FIRST_RECORDS) stops prepare, named; one
+    among them stops `snakemake -n` already."""
+    good = '{"prompt": "a", "response": "b"}\n'
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": 3}\n')
+    bad.write_text(good * (FIRST_RECORDS + 1) + '{"prompt": 3}\n')
     cfg = yaml.safe_load((small_run / "config.yaml").read_text())
     cfg["data"]["path"] = str(bad)
     cfg["results"] = str(tmp_path / "results")
@@ -91,7 +94,13 @@ def test_bad_record_stops_prepare_with_file_and_line(small_run, tmp_path):
     proc = snakemake("prepare", "--configfile", str(tmp_path / "c.yaml"), check=False)
     assert proc.returncode != 0
     log = (tmp_path / "results/logs/prepare.log").read_text()
-    assert f"{bad}:2: `prompt` must be a string" in log
+    assert f"{bad}:{FIRST_RECORDS + 2}: `prompt` must be a string" in log
+    early = tmp_path / "early.jsonl"
+    early.write_text(good + '{"prompt": 3}\n')
+    cfg["data"]["path"] = str(early)
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(cfg))
+    dry = snakemake("-n", "--configfile", str(tmp_path / "d.yaml"), check=False)
+    assert dry.returncode != 0 and f"{early}:2: `prompt` must be a string" in dry.stdout + dry.stderr
 
 
 def test_whole_dag_to_report(small_run, tmp_path):

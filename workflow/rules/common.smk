@@ -376,3 +376,9 @@ if not NODE_GPUS and int(config["train"]["gpus"]) > 1:
         f"--config node_gpus={config['train']['gpus']}), or run snakemake there",
         file=sys.stderr,
     )
+
+
+def plan_config():
+    """The config as the plan job reads it: not the study's sizes nor the demo's settings, which do not change
+    the plan (a study trains on the same data)."""
+    return {k: v for k, v in config.items() if k not in ("study", "demo")}

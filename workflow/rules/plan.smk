@@ -14,7 +14,7 @@ rule plan:
     conda:
         "../../envs/draftsmith.yaml"
     params:
-        config=shlex.quote(json.dumps(config, sort_keys=True)),
+        config=shlex.quote(json.dumps(plan_config(), sort_keys=True)),
         paths=" ".join(shlex.quote(p) for p in data_paths()),
         gpus=NODE_GPUS,
         gpu=shlex.quote(plan_gpu_name() or ""),
