@@ -30,21 +30,32 @@ def load_config(files: list[str]) -> dict:
     return _fill(_schema(), config)
 
 
-def data_files(config: dict) -> list[str]:
-    """The training files as the workflow reads them (a URL's copy once fetched; the demo's once built)."""
-    from draftsmith.config import data_sources, is_url
+def local_file(config: dict, path: str, demo: str) -> str:
+    """Where the workflow reads a configured file: the demo's, a URL's fetched copy, or the path itself."""
+    from draftsmith.config import is_url
     from draftsmith.dataset.fetch import fetched_name
 
-    results = config["results"]
-    out = []
-    for p in data_sources(config):
-        if p == "demo":
-            out.append(f"{results}/demo/data/train.jsonl")
-        elif is_url(p):
-            out.append(f"{results}/inputs/web/{fetched_name(p)}")
-        else:
-            out.append(p)
-    return out
+    if path == "demo":
+        return f"{config['results']}/demo/data/{demo}"
+    return f"{config['results']}/inputs/web/{fetched_name(path)}" if is_url(path) else path
+
+
+def bench_prompts(config: dict) -> int:
+    """Bench prompts on this machine now, capped by bench.max_prompts (0 for files not here yet)."""
+    from draftsmith.plan.data import count_records
+
+    cap = config["bench"]["max_prompts"]
+    counts = [
+        count_records(local_file(config, d["path"], "prompts.jsonl"))[0] for d in config["bench"]["datasets"]
+    ]
+    return sum(min(n, cap) if cap else n for n in counts)
+
+
+def data_files(config: dict) -> list[str]:
+    """The training files as the workflow reads them (a URL's copy once fetched; the demo's once built)."""
+    from draftsmith.config import data_sources
+
+    return [local_file(config, p, "train.jsonl") for p in data_sources(config)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     from draftsmith.core.gpu_pool import gpu_names, visible_gpus
-    from draftsmith.plan.data import count_records
     from draftsmith.plan.plan import PlanError, make_plan, render
     from draftsmith.plan.sizes import parse_size
 
@@ -75,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if ext["shards"] != "auto"
         else (gpus or int(ext["cpu_slots"])) * int(ext["shards_per_slot"])
     )
-    cap = config["bench"]["max_prompts"]
-    prompts = sum(
-        min(n, cap) if cap else n for n, _ in (count_records(d["path"]) for d in config["bench"]["datasets"])
-    )
+    prompts = bench_prompts(config)
     try:
         plan = make_plan(
             config,

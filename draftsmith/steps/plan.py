@@ -12,6 +12,7 @@ import pandas as pd
 
 from draftsmith.core.io import write_json, write_text
 from draftsmith.core.runtime import setup_logging
+from draftsmith.plan.cli import bench_prompts
 from draftsmith.plan.plan import PlanError, make_plan, pin, render, unpin
 from draftsmith.plan.rounds import round_tokens
 
@@ -23,7 +24,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gpus", type=int, default=0)
     p.add_argument("--gpu-name", default="")
     p.add_argument("--shards", nargs="+", required=True, help="the prepared shards")
-    p.add_argument("--bench-prompts", type=int, default=0)
     p.add_argument("--rounds", type=int, required=True, help="the rounds the DAG was built with")
     p.add_argument("--out", required=True)
     p.add_argument("--md", required=True)
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
             gpus=args.gpus,
             gpu_name=args.gpu_name or None,
             base_shards=len(args.shards),
-            bench_prompts=args.bench_prompts,
+            bench_prompts=bench_prompts(config),
         )
     except PlanError as e:
         unpin(config)

@@ -18,10 +18,9 @@ rule plan:
         paths=" ".join(shlex.quote(p) for p in data_paths()),
         gpus=NODE_GPUS,
         gpu=shlex.quote(plan_gpu_name() or ""),
-        bench_prompts=bench_prompt_count(),
         rounds=ROUNDS,
     shell:
         "python -m draftsmith.steps.plan --config-json {params.config} --paths {params.paths} --gpus {params.gpus}"
-        " --gpu-name {params.gpu} --shards {input.shards} --bench-prompts {params.bench_prompts}"
+        " --gpu-name {params.gpu} --shards {input.shards}"
         " --rounds {params.rounds}"
         " --out {output.json} --md {output.md} > {log} 2>&1"
