@@ -9,8 +9,17 @@ import sys
 from pathlib import Path
 
 
+def merge_into(config: dict, values: dict) -> None:
+    """`values` over `config`, nested sections key by key (as Snakemake merges several --configfile)."""
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            merge_into(config[key], value)
+        else:
+            config[key] = value
+
+
 def load_config(files: list[str]) -> dict:
-    """The config files merged in order (later keys over earlier ones, section by section, as Snakemake merges
+    """The config files merged in order (later keys over earlier ones at every depth, as Snakemake merges
     several --configfile), checked against the schema and completed with its defaults."""
     import jsonschema
     import yaml
@@ -19,9 +28,7 @@ def load_config(files: list[str]) -> dict:
 
     config: dict = {}
     for f in files:
-        for key, value in (yaml.safe_load(Path(f).read_text()) or {}).items():
-            both = isinstance(value, dict) and isinstance(config.get(key), dict)
-            config[key] = {**config[key], **value} if both else value
+        merge_into(config, yaml.safe_load(Path(f).read_text()) or {})
     try:
         jsonschema.validate(config, _schema())
     except jsonschema.ValidationError as e:

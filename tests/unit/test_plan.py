@@ -110,6 +110,13 @@ def test_plan_command_on_the_27b_preset_with_100k_prompts(tmp_path):
         6 * plan["stages"]["extract per epoch"]["gpu_hours"]
     )
     assert "estimate" in plan["stages"]["train per epoch"]["source"]
+    nested = tmp_path / "nested.yaml"  # a nested key merges into the preset's section, as Snakemake merges
+    nested.write_text("data: {regenerate: {max_new_tokens: 1024}}\n")
+    cmd_nested = cmd[:7] + [str(nested)] + cmd[7:]
+    merged = json.loads(
+        subprocess.run(cmd_nested, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    )
+    assert merged["data"]["answer_tokens"] == 1024 and "regeneration" in merged["stages"]
     small = subprocess.run(cmd[:-2] + ["400GB"], cwd=REPO, capture_output=True, text=True)
     assert small.returncode == 2 and "fp8" in small.stderr and "smallest round" in small.stderr
 
