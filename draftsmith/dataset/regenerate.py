@@ -117,8 +117,15 @@ def regenerate_shard(
 ) -> tuple[pd.DataFrame, RegenStats | None]:
     """The extract job's regeneration: answers kept beside the shards (extract/regen/), reused by any rerun; a
     retry after running out of memory passes half the slots."""
-    regen, max_length = data["regenerate"], int(data["max_length"])
     cache = shard_out.parent / "regen" / f"{shard_out.stem}.parquet"
+    return regenerate_into(model, tokenizer, samples, cache, target=target, data=data, slots=slots)
+
+
+def regenerate_into(
+    model, tokenizer, samples: pd.DataFrame, cache: Path, *, target: dict, data: dict, slots: int
+) -> tuple[pd.DataFrame, RegenStats | None]:
+    """`regenerate_cached` with the config's `data` and `target` sections: the answers in `cache`."""
+    regen, max_length = data["regenerate"], int(data["max_length"])
     return regenerate_cached(
         model,
         tokenizer,

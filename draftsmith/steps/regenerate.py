@@ -15,7 +15,7 @@ from draftsmith.config import section_arg
 from draftsmith.core.gpu_pool import acquire
 from draftsmith.core.io import read_json, read_samples, write_json
 from draftsmith.core.runtime import set_threads, setup_logging
-from draftsmith.dataset.regenerate import cache_key, regenerate_cached
+from draftsmith.dataset.regenerate import regenerate_into
 from draftsmith.engine.memory import NoRoomForAnswers
 from draftsmith.target.files import resolve_target
 from draftsmith.target.load import load_configured_target
@@ -35,28 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     set_threads(args.threads)
     tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
-    regen, max_length = dcfg["regenerate"], int(dcfg["max_length"])
     samples, out = read_samples(args.shard), Path(args.out)
-    slots = max(1, int(regen["batch_size"]) // max(1, args.budget_div))
+    slots = max(1, int(dcfg["regenerate"]["batch_size"]) // max(1, args.budget_div))
     with acquire(read_json(args.probe)["gpus_per_copy"]) as devices:
         model, tok, _ = load_configured_target(resolve_target(args.target), devices, tcfg)
         try:
-            answered, stats = regenerate_cached(
-                model,
-                tok,
-                samples,
-                out,
-                cache_key(tcfg, regen, max_length, samples),
-                max_new_tokens=int(regen["max_new_tokens"]),
-                temperature=float(regen["temperature"]),
-                max_length=max_length,
-                slots=slots,
-                seed=int(regen["seed"]),
-                top_p=float(regen["top_p"]),
-                sync_every=int(regen["sync_every"]),
-                cuda_graph=bool(regen["cuda_graph"]),
-                min_refill=int(regen["min_refill"]),
-            )
+            answered, stats = regenerate_into(model, tok, samples, out, target=tcfg, data=dcfg, slots=slots)
         except torch.OutOfMemoryError as e:
             sys.exit(
                 f"regeneration: out of memory with {slots} slots ({e}); set data.regenerate.batch_size lower"
