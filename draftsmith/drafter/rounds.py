@@ -33,7 +33,7 @@ from draftsmith.drafter.train import (
     reopen_metrics,
     run_steps,
 )
-from draftsmith.plan.rounds import select_rows
+from draftsmith.plan.rounds import row_rounds
 from draftsmith.target.files import load_target_head
 
 ROUND_STRIDE = 1_000_003  # epoch x stride + round seeds a round's shuffle: no two (epoch, round) share one
@@ -53,12 +53,14 @@ class Position:
 def round_lengths(answers: list[str], data: dict, rows: dict) -> list[np.ndarray]:
     """Token counts of each round's training samples, in the order its merged dataset holds them (base shard
     by base shard, rows in order)."""
-    frames = [pd.read_parquet(a, columns=["id", "num_tokens", "prompt_len"]) for a in answers]
-    out = []
-    for r in range(int(rows["rounds"])):
-        picked = [select_rows(df, {**rows, "kind": "round", "round": r}, data) for df in frames]
-        out.append(np.concatenate([p["num_tokens"].to_numpy(dtype=np.int64) for p in picked]))
-    return out
+    rounds, per_round = int(rows["rounds"]), []
+    for a in answers:  # each shard's layout computed once, then cut by round
+        df = pd.read_parquet(a, columns=["id", "num_tokens", "prompt_len"])
+        where = row_rounds(
+            df, data, rounds=rounds, fraction=float(rows["heldout_fraction"]), seed=int(rows["seed"])
+        )
+        per_round.append([df["num_tokens"].to_numpy(dtype=np.int64)[where == r] for r in range(rounds)])
+    return [np.concatenate([shard[r] for shard in per_round]) for r in range(rounds)]
 
 
 def round_plan(

@@ -260,7 +260,11 @@ def make_plan(
     tokens = size.samples * size.tokens_bound
     params = drafter_params(shape, config["drafter"], taps)
     checkpoints = int(config["train"]["checkpoint_every"]) > 0
-    reserves = training_bytes(params, checkpoints=checkpoints, rounds=2) + hub_cache_bytes(config, shape)
+    training, cache = (
+        training_bytes(params, checkpoints=checkpoints, rounds=2),
+        hub_cache_bytes(config, shape),
+    )
+    reserves = training + cache
     reserves += int(tokens * 8)  # the answer cache and prepared samples: ids and masks
     plan.update(
         data=size.as_dict(),
@@ -272,8 +276,8 @@ def make_plan(
         tokens=int(tokens),
         states_bytes={s: int(tokens * b) for s, b in per_token.items()},
         drafter_params=params,
-        training_bytes=training_bytes(params, checkpoints=checkpoints, rounds=2),
-        hub_cache_bytes=hub_cache_bytes(config, shape),
+        training_bytes=training,
+        hub_cache_bytes=cache,
         free_bytes=free_space(config["results"]),
     )
     decide_budget(

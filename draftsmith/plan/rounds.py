@@ -66,36 +66,35 @@ def piece_of_rows(bound: np.ndarray, rounds: int) -> np.ndarray:
     return out
 
 
+HELD = -1  # row_rounds' mark of a held-out sample
+
+
+def row_rounds(samples: pd.DataFrame, data: dict, *, rounds: int, fraction: float, seed: int) -> np.ndarray:
+    """The round of each row of a base shard, HELD for the held-out samples: the one layout that extraction,
+    validation, the plan's check and training's schedule all read."""
+    held = heldout_rows(samples["id"].tolist(), fraction=fraction, seed=seed)
+    out = np.full(len(samples), HELD, dtype=np.int64)
+    out[~held] = piece_of_rows(sample_bound(samples[~held], data), rounds) if rounds > 1 else 0
+    return out
+
+
 def select_rows(samples: pd.DataFrame, rows: dict, data: dict) -> pd.DataFrame:
     """The rows of a base shard that one extraction job holds: `{"kind": "heldout"}` or `{"kind": "round",
     "round": r, "rounds": R}`, with `heldout_fraction` and `seed` (train's) in both."""
-    held = heldout_rows(
-        samples["id"].tolist(), fraction=float(rows["heldout_fraction"]), seed=int(rows["seed"])
+    where = row_rounds(
+        samples,
+        data,
+        rounds=int(rows.get("rounds") or 1),
+        fraction=float(rows["heldout_fraction"]),
+        seed=int(rows["seed"]),
     )
-    if rows["kind"] == HELDOUT:
-        keep = held
-    else:
-        piece = np.full(len(samples), -1)
-        piece[~held] = piece_of_rows(sample_bound(samples[~held], data), int(rows["rounds"]))
-        keep = piece == int(rows["round"])
+    keep = where == (HELD if rows["kind"] == HELDOUT else int(rows["round"]))
     return samples[keep].reset_index(drop=True)
 
 
 def round_order(rounds: int, epoch: int, seed: int) -> list[int]:
     """The order an epoch visits the rounds in: a fresh seeded permutation each epoch."""
     return [int(r) for r in np.random.default_rng([seed, epoch, 7919]).permutation(rounds)]
-
-
-def piece_bounds(
-    samples: pd.DataFrame, data: dict, *, rounds: int, fraction: float, seed: int
-) -> tuple[np.ndarray, int, int]:
-    """Tokens and samples each round takes from one base shard, and the held-out's: (tokens per round [R],
-    held-out tokens, held-out samples). What the plan sums over shards to check a round against the budget."""
-    held = heldout_rows(samples["id"].tolist(), fraction=fraction, seed=seed)
-    bound = sample_bound(samples, data)
-    tokens = np.zeros(rounds, dtype=np.int64)
-    np.add.at(tokens, piece_of_rows(bound[~held], rounds), bound[~held])
-    return tokens, int(bound[held].sum()), int(held.sum())
 
 
 def round_tokens(shards: list[pd.DataFrame], config: dict, *, rounds: int) -> tuple[np.ndarray, int]:
@@ -106,7 +105,8 @@ def round_tokens(shards: list[pd.DataFrame], config: dict, *, rounds: int) -> tu
     if rounds == 1:
         fraction = 0.0  # one round: the held-out samples are inside the one dataset
     for df in shards:
-        tokens, h, _ = piece_bounds(df, config["data"], rounds=rounds, fraction=fraction, seed=seed)
-        total += tokens
-        held += h
+        where = row_rounds(df, config["data"], rounds=rounds, fraction=fraction, seed=seed)
+        bound = sample_bound(df, config["data"])
+        np.add.at(total, where[where != HELD], bound[where != HELD])
+        held += int(bound[where == HELD].sum())
     return total, held

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+import pandas as pd
 import torch
 
 from draftsmith.config import resolve_taps, section_arg
@@ -56,7 +57,7 @@ def check_round(
 ) -> None:
     """Stops before any GPU work when this round, with the held-out samples, cannot fit the budget the plan
     handed out (the plan rule checks it too; a rerun of this job alone meets it here)."""
-    frames = [read_samples(s) for s in base_shards]
+    frames = [pd.read_parquet(s, columns=["id", "num_tokens", "prompt_len"]) for s in base_shards]
     config = {"data": data, "train": {"heldout_fraction": rows["heldout_fraction"], "seed": rows["seed"]}}
     tokens, held = round_tokens(frames, config, rounds=int(rows["rounds"]))
     width = len(plan["target"]["taps"]) * int(plan["target"]["hidden_size"])
