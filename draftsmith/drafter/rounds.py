@@ -24,17 +24,9 @@ from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
 from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch
 from draftsmith.drafter.config import config_from_target
-from draftsmith.drafter.loss import auto_gamma, position_weights
-from draftsmith.drafter.train import (
-    TrainingRun,
-    _seeded_model,
-    log_step,
-    metrics_columns,
-    reopen_metrics,
-    run_steps,
-)
+from draftsmith.drafter.metrics import log_step, metrics_columns, reopen_metrics
+from draftsmith.drafter.train import TrainingRun, _seeded_model, frozen_head, loss_weights, run_steps
 from draftsmith.plan.rounds import row_rounds
-from draftsmith.target.files import load_target_head
 
 ROUND_STRIDE = 1_000_003  # epoch x stride + round seeds a round's shuffle: no two (epoch, round) share one
 
@@ -192,9 +184,7 @@ def _round_run(
             )
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-    embed, head = load_target_head(target_dir)
-    head_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-    gamma = auto_gamma(cfg.block_size) if tcfg["gamma"] in (None, "auto") else float(tcfg["gamma"])
+    embed, head = frozen_head(target_dir, device, dtype)
     total = sum(p.steps for p in positions)
     run = TrainingRun(
         rank=rank,
@@ -204,9 +194,9 @@ def _round_run(
         tcfg=tcfg,
         ds=ds,
         cfg=cfg,
-        pos_w=position_weights(cfg.block_size, gamma),
-        embed=embed.to(device, head_dtype),
-        head=head.to(device, head_dtype),
+        pos_w=loss_weights(cfg, tcfg),
+        embed=embed,
+        head=head,
         model=model,
         opt=opt,
         plan_args=(ds.lengths, np.arange(len(ds)), 0, 0, 0, 0),

@@ -219,12 +219,8 @@ def _set_up(
     cfg = config_from_target(target_cfg, ds.taps, drafter_section, preset_mask_token_id, target_dir)
     if ds.hidden_size != cfg.hidden_size:
         raise ValueError(f"dataset hidden size {ds.hidden_size} != target hidden size {cfg.hidden_size}")
-    gamma = auto_gamma(cfg.block_size) if tcfg["gamma"] in (None, "auto") else float(tcfg["gamma"])
-    pos_w = position_weights(cfg.block_size, gamma)
-
-    embed, head = load_target_head(target_dir)
-    head_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-    embed, head = embed.to(device, head_dtype), head.to(device, head_dtype)
+    pos_w = loss_weights(cfg, tcfg)
+    embed, head = frozen_head(target_dir, device, dtype)
 
     model, opt = _seeded_model(cfg, tcfg, device=device)
     full_idx, held_idx = split_indices(len(ds), tcfg["heldout_fraction"], tcfg["seed"])
@@ -263,6 +259,21 @@ def _set_up(
         total=total,
         warmup=warmup,
     )
+
+
+def loss_weights(cfg: DrafterConfig, tcfg: dict) -> torch.Tensor:
+    """The block positions' loss weights, with `train.gamma` (auto: by the block size)."""
+    gamma = auto_gamma(cfg.block_size) if tcfg["gamma"] in (None, "auto") else float(tcfg["gamma"])
+    return position_weights(cfg.block_size, gamma)
+
+
+def frozen_head(
+    target_dir: str | Path, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's embedding and LM head on `device`: bf16 when training in bf16, else fp32."""
+    embed, head = load_target_head(target_dir)
+    head_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    return embed.to(device, head_dtype), head.to(device, head_dtype)
 
 
 def _seeded_model(

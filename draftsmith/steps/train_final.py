@@ -20,9 +20,10 @@ from draftsmith.drafter.config import config_from_target
 from draftsmith.drafter.evaluate import evaluate, plot_curves
 from draftsmith.drafter.model import Drafter
 from draftsmith.drafter.rounds import read_metrics
+from draftsmith.drafter.train import frozen_head
 from draftsmith.drafter.zlab import save_zlab
 from draftsmith.steps.train import settled_drafter
-from draftsmith.target.files import load_target_head, resolve_target
+from draftsmith.target.files import resolve_target
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,8 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     model = Drafter(cfg).to(device)
     model.load_state_dict(torch.load(a.state, map_location=device, weights_only=True)["model"])
-    embed, head = load_target_head(target)
-    head_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    embed, head = frozen_head(target, device, dtype)
     records = [read_json(r) for r in a.records]
     rows = read_metrics([Path(r).with_name("metrics.csv") for r in a.records])
     out.mkdir(parents=True, exist_ok=True)
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     summary.update(
         evaluate(
             model,
-            embed.to(device, head_dtype),
-            lm_head=head.to(device, head_dtype),
+            embed,
+            lm_head=head,
             ds=held,
             indices=np.arange(len(held)),
             tcfg=tcfg,
