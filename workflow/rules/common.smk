@@ -13,7 +13,7 @@ from draftsmith.config import data_sources, is_url
 from draftsmith.preflight import preflight, problems_message
 from draftsmith.dataset.fetch import fetched_name
 from draftsmith.core.gpu_pool import gpu_names, visible_gpus
-from draftsmith.plan.data import count_records
+from draftsmith.plan.cli import bench_prompts
 from draftsmith.plan.plan import (
     PINNED,
     PlanError,
@@ -263,16 +263,6 @@ def study_args(wildcards, input):
     )
 
 
-def bench_prompt_count():
-    """Bench prompts the plan counts: the prompt files here now, capped by bench.max_prompts."""
-    total = 0
-    for d in config["bench"]["datasets"]:
-        n, _ = count_records(local_path(d["path"]))
-        cap = config["bench"]["max_prompts"]
-        total += min(n, cap) if cap else n
-    return total
-
-
 def plan_gpu_name():
     """The GPU class the plan's rates come from: the probe's reading, else nvidia-smi's, else unknown."""
     probe = Path(f"{config['results']}/probe.json")
@@ -291,7 +281,7 @@ try:
         gpus=NODE_GPUS,
         gpu_name=plan_gpu_name(),
         base_shards=len(SHARDS),
-        bench_prompts=bench_prompt_count(),
+        bench_prompts=bench_prompts(config),
     )
 except PlanError as e:
     raise WorkflowError(f"plan: {e}")
