@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from draftsmith.core import gpu_pool
+from draftsmith.core.gpu_memory import hold_to_cap
 
 
 def dist_info() -> tuple[int, int, int]:
@@ -33,8 +34,10 @@ def setup_device() -> tuple[int, int, torch.device]:
         torch.distributed.init_process_group("nccl")
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
-        return rank, world, device
-    return rank, world, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    hold_to_cap(device)  # the job's GPU memory cap (`gpu_memory`)
+    return rank, world, device
 
 
 def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

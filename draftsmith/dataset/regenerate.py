@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from draftsmith.config import content_hash
-from draftsmith.core import gpu_pool
+from draftsmith.core.gpu_memory import job_memory
 from draftsmith.core.io import write_json, write_parquet
 from draftsmith.engine.engine import Engine, RegenStats
 from draftsmith.engine.memory import plan_slots
@@ -44,10 +44,7 @@ def regenerate(
     device = next(model.parameters()).device
     if device.type == "cuda":  # slots are preallocated: size them to the memory left beside the weights
         torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(device)
-        share = gpu_pool.slots_sharing(device.index or 0)
-        if share > 1:  # this job's share of a GPU that other jobs use too
-            free = min(free, total // share - torch.cuda.memory_reserved(device))
+        free, _ = job_memory(device)  # its share of a GPU other jobs use too, under `gpu_memory`
         slots = plan_slots(model, slots, max_len, pad, free)
     engine = Engine(
         model,

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from draftsmith.core.distributed import launch, setup_device, wrap_ddp
+from draftsmith.core.gpu_memory import job_memory
 from draftsmith.core.io import atomic, write_json
 from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
@@ -368,9 +369,24 @@ def run_steps(
         while ahead is not None:
             epoch, batch = ahead.result()
             ahead = pool.submit(plans.host_batch, step + 1) if step + 1 < end else None
-            lr, stats, gnorm = _train_step(run, ddp, autocast=autocast, batch=batch, step=step)
+            try:
+                lr, stats, gnorm = _train_step(run, ddp, autocast=autocast, batch=batch, step=step)
+            except torch.OutOfMemoryError as e:
+                raise RuntimeError(out_of_memory_message(run, batch, step=step)) from e
             step += 1
             yield step, epoch, lr, stats, gnorm
+
+
+def out_of_memory_message(run: TrainingRun, batch: Batch, *, step: int) -> str:
+    """What to change when a step does not fit: the budget that made the batch, and the GPU's limit."""
+    tcfg, limit = run.tcfg, ""
+    if run.device.type == "cuda":
+        limit = f" in the {job_memory(run.device)[1] / 1e9:.1f} GB this job may use of the GPU (gpu_memory)"
+    return (
+        f"training: out of memory in step {step}: a batch of {batch.num_tokens} tokens (train.token_budget "
+        f"{tcfg['token_budget']}, train.anchors_per_seq {tcfg['anchors_per_seq']}){limit}. Lower "
+        "train.token_budget or train.anchors_per_seq, or raise gpu_memory"
+    )
 
 
 def _train_step(

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from draftsmith.config import default_taps
+from draftsmith.core.gpu_memory import job_memory
 from draftsmith.core.runtime import resolve_dtype, sync_device
 from draftsmith.dataset.extract import ExtractStats, _host_batch, extract_samples
 from draftsmith.dataset.plan import make_batches
@@ -108,7 +109,7 @@ def auto_budget(model, taps: list[int], device: torch.device, longest: int, cap:
         return max(longest, 4096)
     cfg = model.config.get_text_config().to_dict()
     per_token = activation_bytes_per_token(cfg, len(taps))
-    free, _ = torch.cuda.mem_get_info(device)
+    free, _ = job_memory(device)  # under `gpu_memory` where set
     fit = int(free * 0.8 // per_token)
     return max(longest, min(cap, 2 ** int(math.log2(max(fit, 1)))))
 

@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     from draftsmith.core.gpu_pool import gpu_names, visible_gpus
+    from draftsmith.core.units import parse_size
     from draftsmith.plan.plan import PlanError, make_plan, render
-    from draftsmith.plan.sizes import parse_size
 
     config = load_config(a.configfile)
     if a.free is not None:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.core.units import human, parse_size
 from draftsmith.plan.data import DataSize, estimate, measured
+from draftsmith.plan.memory import memory_plan, memory_rows
 from draftsmith.plan.rounds import rounds_needed
-from draftsmith.plan.sizes import drafter_params, human, parse_size, token_bytes, training_bytes
+from draftsmith.plan.sizes import drafter_params, token_bytes, training_bytes
 
 RATES = Path(__file__).with_name("rates.yaml")
 SHAPES = Path(__file__).resolve().parents[2] / "configs" / "shapes"  # real targets' text shapes
@@ -243,17 +245,7 @@ def make_plan(
     shape, plan["shape_source"] = target_shape(config)
     size = data_size(config, paths)
     if shape is None or size is None:
-        plan["notes"].append(
-            "no plan of disk or GPU-hours yet: "
-            + (
-                "the target's shape is " + plan["shape_source"]
-                if shape is None
-                else "the data is not on this machine yet"
-            )
-            + "; one round (set extract.disk_budget and rerun `snakemake -n` once it is)"
-        )
-        plan["rounds"] = 1
-        return plan
+        return _unplanned(plan, shape_known=shape is not None)
     taps, hidden = tap_count(config, shape), int(shape["hidden_size"])
     storage = config["extract"]["storage"]
     per_token = {s: token_bytes(taps=taps, hidden=hidden, storage=s) for s in ("bf16", "fp8")}
@@ -301,10 +293,34 @@ def make_plan(
         bench_prompts=bench_prompts,
     )
     plan["gpus"], plan["gpu_class"] = gpus, gpu_class(gpu_name)["name"]
+    plan["memory"] = memory_plan(
+        config,
+        shape,
+        card_bytes=int(float(gpu_class(gpu_name)["memory_gb"]) * 1e9),
+        params=target_params(shape),
+        drafter_params=params,
+        gpus=gpus,
+    )
+    plan["notes"] += plan["memory"]["notes"]
     plan["disk_rate_needed_gbs"] = (
         gpus * per_token[storage] * plan["stages"]["extract per epoch"]["rate"] / 1e9
     )
     disk_note(config, plan)
+    return plan
+
+
+def _unplanned(plan: dict, *, shape_known: bool) -> dict:
+    """One round, and why nothing more can be planned yet."""
+    why = (
+        "the data is not on this machine yet"
+        if shape_known
+        else "the target's shape is " + plan["shape_source"]
+    )
+    plan["notes"].append(
+        f"no plan of disk or GPU-hours yet: {why}; one round (set extract.disk_budget and rerun "
+        "`snakemake -n` once it is)"
+    )
+    plan["rounds"] = 1
     return plan
 
 
@@ -451,6 +467,7 @@ def render(plan: dict) -> str:
             f"{plan['gpus']} GPU(s) extracting at once ({plan['gpu_class']})",
         )
     )
+    rows += memory_rows(plan["memory"]) if "memory" in plan else []
     lines = [f"| {a} | {b} | {c} |" for a, b, c in rows]
     lines.insert(1, "| --- | --- | --- |")
     return "\n".join(lines + [f"\n- {n}" for n in plan["notes"]])

@@ -23,15 +23,15 @@ from draftsmith.dataset.prepare import render
 from draftsmith.dataset.prompts import prompt_messages, read_prompts
 from draftsmith.speculative.loop import is_hybrid, speculative_generate
 from draftsmith.speculative.proposers import (
-    BlockDrafter,
     Proposer,
     ShorterBlock,
-    Wrapped,
+    fp32_drafter,
     load_block_drafter,
 )
 from draftsmith.speculative.replay import ar_generate, replay, target_hidden, tau
 from draftsmith.target.kernels import exact_fp32
 from draftsmith.target.load import eos_ids_of, load_configured_target
+from draftsmith.target.upcast import fp32_by_layer
 
 # How a record's tau was measured (the report's `acceptance` column)
 EXACT_REPLAY = "exact replay"  # temperature 0: the target's greedy continuation, exact for any architecture
@@ -361,53 +361,37 @@ def fp32_check(
     DFlash loop must equal greedy decoding exactly, so a difference is a bug, not bf16 rounding. One record
     each (`check: fp32`). Nothing to do where the bench ran in fp32 already, or without the real loop.
 
-    `loaded` (the bench's models, still on their devices) is cast to fp32 where it is; only a rerun that
-    found every prompt done reads the models from disk again."""
+    `loaded` (the bench's models, still on their devices) are used where they are; only a rerun that found
+    every prompt done reads the models from disk again. The target stays in its dtype and computes in fp32 a
+    layer at a time (`fp32_by_layer`): the 27B in fp32 would not fit a 96 GB card."""
     count = min(int(bench["fp32_check_prompts"]), len(prompts))
     ran_fp32 = all(r.get("dtype") == "float32" for r in rows)
     if not count or ran_fp32 or not bench["real_loop"] or float(bench["temperature"]) > 0:
         return []
     if loaded is not None:
-        return _check_in_fp32(_as_fp32(loaded, bench), prompts[:count], dataset=dataset, part=part,
-                              parts=parts, bench=bench, taps=taps)  # fmt: skip
+        return _check_in_fp32(loaded, prompts[:count], dataset=dataset, part=part, parts=parts, bench=bench,
+                              taps=taps)  # fmt: skip
     with acquire(gpus) as devices:
-        models = _load_models(
-            target_dir, drafter_dir, devices=devices, target_cfg={**target_cfg, "dtype": "fp32"}, bench=bench
-        )
+        models = _load_models(target_dir, drafter_dir, devices=devices, target_cfg=target_cfg, bench=bench)
         return _check_in_fp32(
             models, prompts[:count], dataset=dataset, part=part, parts=parts, bench=bench, taps=taps
         )
 
 
-def _as_fp32(models: _Models, bench: dict) -> _Models:
-    """The loaded target and drafter cast to fp32 on their devices: reading a target of the 27B width
-    again from disk in fp32 took minutes, a cast stays on the GPU."""
-    block = models.drafter
-    while isinstance(block, Wrapped):
-        block = block.inner
-    if not isinstance(block, BlockDrafter):
-        raise TypeError(f"the fp32 check needs the trained BlockDrafter, not {type(block).__name__}")
-    drafter: Proposer = BlockDrafter(block.model.float(), block.embed.float(), block.lm_head.float())
-    if bench["block_size"]:
-        drafter = ShorterBlock(drafter, int(bench["block_size"]))
-    return _Models(
-        target=models.target.float(), tokenizer=models.tokenizer, drafter=drafter, stop_ids=models.stop_ids
-    )
-
-
 def _check_in_fp32(
     models: _Models, prompts: list[dict], *, dataset: str, part: int, parts: int, bench: dict, taps: list[int]
 ) -> list[dict]:
-    """The real DFlash loop against greedy decoding on fp32 models, one `check: fp32` record a prompt. No tf32
+    """The real DFlash loop against greedy decoding in fp32, one `check: fp32` record a prompt. No tf32
     anywhere: on fla's kernels, which round to tf32 inside, a 16-layer target of the 27B width parted from
     greedy decoding at a logit margin of 6e-3 (docs/measurements.md)."""
     checks = []
     thinking, max_new = bool(bench["thinking"]), int(bench["max_new_tokens"])
-    with exact_fp32():
+    with exact_fp32(), fp32_by_layer(models.target) as target:
+        drafter = fp32_drafter(models.drafter, bench, target=target)
         for i, rec in enumerate(prompts):
             ids = prompt_ids_of(rec, models.tokenizer, thinking)
-            greedy = ar_generate(models.target, ids, max_new, models.stop_ids)
-            real = _greedy_loop(models.target, models.drafter, ids, taps, budget=None, bench=bench,
+            greedy = ar_generate(target, ids, max_new, models.stop_ids)
+            real = _greedy_loop(target, drafter, ids, taps, budget=None, bench=bench,
                                 stop_ids=models.stop_ids, greedy=greedy.tokens)  # fmt: skip
             checks.append({
                 "dataset": dataset, "id": str(rec.get("id", part + i * parts)), "check": "fp32",

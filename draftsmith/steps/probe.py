@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from draftsmith.config import resolve_taps, section_arg, with_defaults
+from draftsmith.core.gpu_memory import memory_cap
 from draftsmith.core.io import disk_write_rate, write_json
 from draftsmith.core.runtime import json_arg, setup_logging
 from draftsmith.preflight import problems_message, target_problems
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
             "taps": taps,
         },
         **decision,
+        "gpu_memory_cap": memory_cap(),  # bytes a job may use of a GPU (`gpu_memory`), null for all of it
         "disk_write_gbs": disk_write_rate(Path(args.out).parent),
     }
     logging.info("probe: %s", {k: v for k, v in out.items() if k != "gpus"} | {"gpus": len(gpus)})

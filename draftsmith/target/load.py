@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.core.gpu_memory import hold_to_cap, max_memory_map
 from draftsmith.core.runtime import resolve_dtype
 from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import kernels_follow_device, use_fla_conv
@@ -58,10 +59,14 @@ def load_target(
     from transformers import AutoModelForCausalLM
 
     device = torch.device("cuda:0" if devices else "cpu")
+    for i in range(len(devices)):  # the job's GPU memory cap (`gpu_memory`), before any weight lands
+        hold_to_cap(torch.device("cuda", i))
     torch_dtype = resolve_dtype(dtype, device, exact=exact)
     kwargs: dict = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if len(devices) > 1:
         kwargs["device_map"] = "auto"
+        if (limits := max_memory_map(len(devices))) is not None:
+            kwargs["max_memory"] = limits
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if len(devices) <= 1:
         model.to(device)  # type: ignore[arg-type]  # transformers' decorated `to` confuses mypy

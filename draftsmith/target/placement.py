@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from draftsmith.core.gpu_memory import memory_cap
 from draftsmith.core.gpu_pool import visible_gpus
 from draftsmith.target.files import text_config
 
@@ -29,16 +30,19 @@ def gpu_info() -> list[dict]:
         timeout=30,
         check=True,
     ).stdout
+    cap = memory_cap()  # `gpu_memory`: what a job may use of a device, whatever is free
     gpus = []
     for line in out.strip().splitlines():
         idx, name, total, free = (x.strip() for x in line.split(","))
         if int(idx) in ids:
+            free_gib = int(free) / 1024
             gpus.append(
                 {
                     "index": int(idx),
                     "name": name,
                     "total_gib": int(total) / 1024,
-                    "free_gib": int(free) / 1024,
+                    "free_gib": free_gib if cap is None else min(free_gib, cap / GIB),
+                    "cap_gib": None if cap is None else cap / GIB,
                     "slots": ids.count(int(idx)),  # jobs at once on it (DRAFTSMITH_GPUS lists it that often)
                 }
             )

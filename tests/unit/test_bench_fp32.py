@@ -44,7 +44,7 @@ def test_bf16_bench_reruns_prompts_in_fp32_and_reports_them(attention_target, tm
     assert [r["id"] for r in checks] == ["p0", "p1"] and all(r["exact"] for r in checks)
     assert all(r["divergence"] is None for r in checks)
 
-    # a rerun that found every prompt done reads the models from disk in fp32: the same records as the cast
+    # a rerun that found every prompt done reads the models from disk again: the same records
     from draftsmith.speculative.bench import _my_prompts, fp32_check
 
     mine = _my_prompts(str(prompts), bench, part=0, parts=1)
@@ -67,19 +67,26 @@ def test_no_fp32_rerun_where_the_bench_ran_in_fp32(attention_target, tmp_path):
                       target_cfg={}, bench=bench, taps=[1]) == []  # fmt: skip
 
 
-def test_the_loaded_models_are_cast_to_fp32_where_they_are(attention_target, tmp_path):
-    from draftsmith.speculative.bench import _as_fp32, _load_models
-    from draftsmith.speculative.proposers import ShorterBlock
+def test_the_drafter_is_cast_where_it_is_and_the_target_stays_in_its_dtype(attention_target, tmp_path):
+    from draftsmith.speculative.bench import _load_models
+    from draftsmith.speculative.proposers import ShorterBlock, fp32_drafter
 
     save_drafter(attention_target, tmp_path / "drafter")
     bench = with_defaults("bench", {"block_size": 3})
     target_cfg = with_defaults("target", {"model": str(attention_target), "dtype": "bf16"})
     models = _load_models(str(attention_target), str(tmp_path / "drafter"), devices=[],
                           target_cfg=target_cfg, bench=bench)  # fmt: skip
-    assert next(models.target.parameters()).dtype == torch.bfloat16
-    cast = _as_fp32(models, bench)
-    assert {p.dtype for p in cast.target.parameters()} == {torch.float32}
-    assert isinstance(cast.drafter, ShorterBlock) and cast.drafter.block_size == 3
-    inner = cast.drafter.inner
+    cast = fp32_drafter(models.drafter, bench)
+    assert isinstance(cast, ShorterBlock) and cast.block_size == 3
+    inner = cast.inner
     assert {p.dtype for p in inner.model.parameters()} == {torch.float32}
     assert inner.embed.dtype == inner.lm_head.dtype == torch.float32
+    # the check computes the target in fp32 a layer at a time (tests/unit/test_upcast.py): its weights stay
+    assert {p.dtype for p in models.target.parameters()} == {torch.bfloat16}
+    # and inside it the drafter's embedding and head are the target's fp32 tensors, not copies
+    from draftsmith.target.upcast import fp32_by_layer
+
+    with fp32_by_layer(models.target) as target:
+        shared = fp32_drafter(models.drafter, bench, target=target).inner
+        assert shared.embed.data_ptr() == target.get_input_embeddings().weight.data_ptr()
+        assert shared.lm_head.data_ptr() == target.get_output_embeddings().weight.data_ptr()

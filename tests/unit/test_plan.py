@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from draftsmith.config import with_defaults
+from draftsmith.core.units import parse_size
 from draftsmith.dataset.shards import ShardWriter
 from draftsmith.plan.plan import PlanError, decide_rounds
 from draftsmith.plan.rounds import heldout_rows, round_order, select_rows
-from draftsmith.plan.sizes import parse_size, token_bytes
+from draftsmith.plan.sizes import token_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -110,13 +111,20 @@ def test_plan_command_on_the_27b_preset_with_100k_prompts(tmp_path):
         6 * plan["stages"]["extract per epoch"]["gpu_hours"]
     )
     assert "estimate" in plan["stages"]["train per epoch"]["source"]
+    # the bench's fp32 check on a 96 GB card: the target in fp32 a layer at a time, under the card's memory
+    mem = plan["memory"]
+    assert mem["limit_bytes"] == 96 * 10**9 and mem["limit_source"] == "the card"
+    assert mem["check_runs"] and "a layer at a time" in mem["check"]
+    assert mem["weights_bytes"] < mem["bench_bytes"] < mem["check_bytes"] < mem["limit_bytes"]
     nested = tmp_path / "nested.yaml"  # a nested key merges into the preset's section, as Snakemake merges
-    nested.write_text("data: {regenerate: {max_new_tokens: 1024}}\n")
+    nested.write_text("data: {regenerate: {max_new_tokens: 1024}}\ngpu_memory: 70GB\n")
     cmd_nested = cmd[:7] + [str(nested)] + cmd[7:]
     merged = json.loads(
         subprocess.run(cmd_nested, cwd=REPO, capture_output=True, text=True, check=True).stdout
     )
     assert merged["data"]["answer_tokens"] == 1024 and "regeneration" in merged["stages"]
+    assert merged["memory"]["limit_source"] == "gpu_memory 70GB"  # a cap the check would not fit: said so
+    assert any("the fp32 check needs about" in n and "fp32_check_prompts: 0" in n for n in merged["notes"])
     small = subprocess.run(cmd[:-2] + ["400GB"], cwd=REPO, capture_output=True, text=True)
     assert small.returncode == 2 and "fp8" in small.stderr and "smallest round" in small.stderr
 

@@ -68,6 +68,13 @@ def test_rerun_recomputes_only_the_broken_shard(small_run):
     assert final[2][0] == before[2][0]
 
 
+def test_a_gpu_memory_that_is_not_a_size_names_the_key(small_run):
+    proc = snakemake("-n", "--config", "gpu_memory=lots", "--configfile", str(small_run / "config.yaml"),
+                     check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert "gpu_memory: 'lots' is not a size" in proc.stderr + proc.stdout
+
+
 def test_bad_config_names_the_key(small_run):
     proc = snakemake(
         "-n",
@@ -122,6 +129,7 @@ def test_whole_dag_to_report(small_run, tmp_path):
     )
     cfg.update(
         results=str(tmp_path / "results"),
+        gpu_memory="80GB",  # reaches every job (the probe records it); a CPU run has nothing to cap
         target={"model": "draftsmith-test/tiny-hybrid"},
         data={**cfg["data"], "path": str(data), "regenerate": {"enabled": True, "max_new_tokens": 16}},
         extract={"shards": 2},
@@ -139,6 +147,7 @@ def test_whole_dag_to_report(small_run, tmp_path):
     run = snakemake("all", *args, env=env)
     res = Path(cfg["results"])
     assert json.loads((res / "target/lock.json").read_text())["commit"] == snapshot.name
+    assert json.loads((res / "probe.json").read_text())["gpu_memory_cap"] == 80 * 10**9
     manifest = json.loads((res / "extract/shard000.json").read_text())
     assert manifest["regenerated"] and manifest["model_path"] == str(snapshot)
     zlab = json.loads((res / "drafter/config.json").read_text())
@@ -189,6 +198,10 @@ def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: P
             assert planned and planned <= DOWNSTREAM, (f"{section}.{key}", planned - DOWNSTREAM)
             rerun = "bench" if section == "bench" else "train"  # and the change reaches the job that reads it
             assert rerun in planned, (f"{section}.{key}", planned)
+    # the GPU memory cap changes no result: only the plan's page is written again
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump({**cfg, "gpu_memory": "60GiB"}))
+    out = snakemake("all", "-n", "--configfile", str(tmp_path / "changed.yaml"), env=env).stdout
+    assert set(job_counts(out)) <= {"plan", "all"}, job_counts(out)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from snakemake.utils import validate
 from draftsmith.config import data_sources, is_url
 from draftsmith.preflight import preflight, problems_message
 from draftsmith.dataset.fetch import fetched_name
+from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
 from draftsmith.core.gpu_pool import gpu_names, visible_gpus
 from draftsmith.plan.cli import bench_prompts
 from draftsmith.plan.plan import (
@@ -33,6 +34,16 @@ if problems := preflight(config, PREFLIGHT_NOTES):
     raise WorkflowError(problems_message(problems))
 for note in PREFLIGHT_NOTES:
     print(f"preflight: {note}", file=sys.stderr)
+
+
+# the GPU memory a job may use (`gpu_memory`) reaches the jobs through their environment, not a rule's params:
+# it changes no result, so changing it must rerun nothing
+try:
+    GPU_MEMORY = cap_setting(config.get("gpu_memory"))
+except ValueError as e:
+    raise WorkflowError(f"config: {e}") from None
+if GPU_MEMORY is not None:
+    os.environ[GPU_MEMORY_ENV] = GPU_MEMORY
 
 
 RESULTS = config["results"]
