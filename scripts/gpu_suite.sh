@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -138,6 +138,10 @@ for phase in "$@"; do
     spec)  # per-round cost of the DFlash real loop on the hybrid 27B shape
         CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.bench_round --shape $SHAPE --json-out "$OUT/spec_split.json" 2>&1 \
             | tail -20 | tee "$OUT/spec_split.log"
+        ;;
+    memcap)  # issue 35: each GPU job of the Qwen3.6-27B preset under a GPU memory cap (CAP, 96GB), full depth
+        CUDA_VISIBLE_DEVICES=0 python3 -m draftsmith.perf.memory_cap --cap ${CAP:-96GB} ${MEMCAP_ARGS:-} --scratch /tmp \
+            --json-out "$OUT/memcap.json" 2>&1 | grep --line-buffered -v Warning | tail -80 | tee "$OUT/memcap.log"
         ;;
     train)  # drafter training throughput, Qwen3.6-27B drafter shape, one then two GPUs
         python3 -m draftsmith.perf.bench_train --gpus 2 2>&1 | tail -40 | tee "$OUT/train.log"

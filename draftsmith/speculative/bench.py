@@ -381,24 +381,40 @@ def fp32_check(
 def _check_in_fp32(
     models: _Models, prompts: list[dict], *, dataset: str, part: int, parts: int, bench: dict, taps: list[int]
 ) -> list[dict]:
-    """The real DFlash loop against greedy decoding in fp32, one `check: fp32` record a prompt. No tf32
-    anywhere: on fla's kernels, which round to tf32 inside, a 16-layer target of the 27B width parted from
-    greedy decoding at a logit margin of 6e-3 (docs/measurements.md)."""
-    checks = []
-    thinking, max_new = bool(bench["thinking"]), int(bench["max_new_tokens"])
-    with exact_fp32(), fp32_by_layer(models.target) as target:
-        drafter = fp32_drafter(models.drafter, bench, target=target)
-        for i, rec in enumerate(prompts):
-            ids = prompt_ids_of(rec, models.tokenizer, thinking)
-            greedy = ar_generate(target, ids, max_new, models.stop_ids)
-            real = _greedy_loop(target, drafter, ids, taps, budget=None, bench=bench,
-                                stop_ids=models.stop_ids, greedy=greedy.tokens)  # fmt: skip
-            checks.append({
-                "dataset": dataset, "id": str(rec.get("id", part + i * parts)), "check": "fp32",
-                "method": "dflash", "dtype": "float32", "exact": real["exact"],
-                "divergence": real["divergence"],
-            })  # fmt: skip
-    return checks
+    """`checks_in_fp32` on the prompts, one `check: fp32` record each."""
+    thinking = bool(bench["thinking"])
+    ids = [prompt_ids_of(rec, models.tokenizer, thinking) for rec in prompts]
+    stop = models.stop_ids
+    results = checks_in_fp32(models.target, models.drafter, ids, taps=taps, bench=bench, stop_ids=stop)
+    return [
+        {"dataset": dataset, "id": str(rec.get("id", part + i * parts)), "check": "fp32", "method": "dflash",
+         "dtype": "float32", **result}
+        for i, (rec, result) in enumerate(zip(prompts, results, strict=True))
+    ]  # fmt: skip
+
+
+def checks_in_fp32(
+    target: nn.Module,
+    drafter: Proposer,
+    prompts: list[list[int]],
+    *,
+    taps: list[int],
+    bench: dict,
+    stop_ids: list[int],
+) -> list[dict]:
+    """The real DFlash loop against greedy decoding in fp32, `exact` and `divergence` a prompt: the target a
+    layer at a time from its own weights, the drafter cast. No tf32 anywhere: on fla's kernels, which round to
+    tf32 inside, a 16-layer target of the 27B width parted from greedy decoding at a logit margin of 6e-3
+    (docs/measurements.md)."""
+    results = []
+    with exact_fp32(), fp32_by_layer(target) as exact_target:
+        exact_drafter = fp32_drafter(drafter, bench, target=exact_target)
+        for ids in prompts:
+            greedy = ar_generate(exact_target, ids, int(bench["max_new_tokens"]), stop_ids)
+            real = _greedy_loop(exact_target, exact_drafter, ids, taps, budget=None, bench=bench,
+                                stop_ids=stop_ids, greedy=greedy.tokens)  # fmt: skip
+            results.append({"exact": real["exact"], "divergence": real["divergence"]})
+    return results
 
 
 @dataclass
