@@ -23,7 +23,7 @@ from draftsmith.commented_yaml import LAYOUT, SECTION, Notes, flow, render
 from draftsmith.config import default_taps, with_defaults
 from draftsmith.core.io import write_text
 from draftsmith.drafter.config import FULL, SLIDING, DrafterConfig, config_from_target
-from draftsmith.preflight import EXPECT_KEYS, has_chat_template
+from draftsmith.preflight import EXPECT_KEYS, has_chat_template, layer_kinds
 from draftsmith.target.files import is_hub_id, text_fields
 
 # What init reads of a hub repository: its configs and tokenizer files, never weights.
@@ -291,7 +291,7 @@ def target_section(source: Source, args: argparse.Namespace, warnings: list[str]
         warnings.append(f"target.mask_token_id is null ({why}): set it in the written file")
     else:
         notes["mask_token_id"] = f"the drafter's mask token: {why}"
-    target["expect"] = {k: int(text[k]) for k in EXPECT_KEYS}
+    target["expect"] = {k: int(text[k]) for k in EXPECT_KEYS} | {"layer_kinds": layer_kinds(text)}
     notes["expect"] = "the shape this config is for: a target whose config.json differs stops the run"
     return target, notes
 

@@ -78,6 +78,14 @@ def target_problems(config: dict, text_cfg: dict) -> list[str]:
                 "model from configs/, or write its shape into target.expect (and check mask_token_id, taps "
                 "and the drafter)"
             )
+    kinds = sorted(set(expect.get("layer_kinds") or []))
+    if kinds and kinds != layer_kinds(text_cfg):
+        problems.append(
+            f"target.expect.layer_kinds: the preset is for a model whose layers are {', '.join(kinds)}, but "
+            f"{model!r} has {', '.join(layer_kinds(text_cfg))}: its drafter and settings were chosen for "
+            "the other. Copy the preset of this model from configs/, or write one with `python -m draftsmith "
+            "init`"
+        )
     taps = config["taps"]["layers"]
     if taps != "auto":
         bad = taps_out_of_range(taps, layers)
@@ -205,7 +213,37 @@ def expect_problems(config: dict) -> list[str]:
     expect = config["target"]["expect"] or {}
     if not {"num_hidden_layers", "vocab_size"} <= set(expect):
         return []
-    return target_problems(config, dict(expect))
+    return target_problems(config, {**expect, "layer_types": expect.get("layer_kinds")})
+
+
+def layer_kinds(text_cfg: dict) -> list[str]:
+    """The kinds of a target's decoder layers, sorted: its config's `layer_types`; else linear and full
+    attention where it gives a `full_attention_interval` (Qwen3-Next and Qwen3.5 configs without the list);
+    else full attention."""
+    if text_cfg.get("layer_types"):
+        return sorted(set(text_cfg["layer_types"]))
+    if int(text_cfg.get("full_attention_interval") or 1) > 1:
+        return ["full_attention", "linear_attention"]
+    return ["full_attention"]
+
+
+def drafter_problems(config: dict) -> list[str]:
+    """The drafter's layer kinds against its own depth and window, known before any job (training would find
+    them only after extraction)."""
+    d = config["drafter"]
+    types = d["layer_types"] or []
+    problems = []
+    if types and len(types) != int(d["num_layers"]):
+        problems.append(
+            f"drafter.layer_types: {len(types)} kinds for drafter.num_layers {d['num_layers']}: give one "
+            "kind a layer, or null for full attention throughout"
+        )
+    if "sliding_attention" in types and not d["sliding_window"]:
+        problems.append(
+            "drafter.sliding_window: null, and drafter.layer_types has sliding_attention layers: give the "
+            "window in tokens (2048 in z-lab's Qwen3.6 drafters)"
+        )
+    return problems
 
 
 def bench_problems(config: dict) -> list[str]:
@@ -270,7 +308,7 @@ def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
     from draftsmith.target.files import text_config
 
     notes = [] if notes is None else notes
-    problems = model_problems(config) + demo_problems(config)
+    problems = model_problems(config) + demo_problems(config) + drafter_problems(config)
     problems += data_problems(config) + bench_problems(config)
     target_dir = None if problems else parse_time_target(config["target"])
     if target_dir is None:

@@ -66,7 +66,8 @@ def test_shape_configs_stand_on_their_own(shape, tmp_path, inputs, capsys):
     assert cfg["target"]["model"] == NAMES[shape.stem]
     assert cfg["target"]["expect"] == {
         k: fields[k] for k in ("num_hidden_layers", "hidden_size", "vocab_size")
-    }
+    } | {"layer_kinds": ["full_attention", "linear_attention"] if "qwen3_5" in fields["model_type"] else
+         ["full_attention"]}  # fmt: skip
     assert cfg["taps"]["layers"] == default_taps(fields["num_hidden_layers"])
     assert cfg["target"]["mask_token_id"] == MASKS[shape.stem]
     if MASKS[shape.stem] is None:

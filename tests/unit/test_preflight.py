@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.config import with_defaults
-from draftsmith.preflight import preflight
+from draftsmith.preflight import EXPECT_KEYS, preflight
 
 SHAPE = {"num_hidden_layers": 24, "hidden_size": 64, "vocab_size": 1000}  # a preset's target.expect
 
@@ -75,3 +75,25 @@ def test_a_hub_target_not_fetched_is_checked_against_expect(tmp_path, target, ta
     cfg = config(tmp_path, [{"prompt": "p", "response": "r"}], regenerate=False, **target)
     cfg["taps"]["layers"] = taps
     assert any(says in p for p in preflight(cfg)), preflight(cfg)
+
+
+def test_a_hybrids_preset_on_an_attention_only_model_of_its_shape_stops(tmp_path, attention_target):
+    """The Qwen3.6 preset's expect (linear and full attention) against a target whose layers are all full
+    attention: the shape keys alone would let it pass."""
+    text = json.loads((attention_target / "config.json").read_text())
+    hybrid = {**{k: text[k] for k in EXPECT_KEYS}, "layer_kinds": ["full_attention", "linear_attention"]}
+    cfg = config(tmp_path, [{"prompt": "p", "response": "r"}], regenerate=False, expect=hybrid)
+    cfg["target"]["model"] = str(attention_target)
+    problems = preflight(cfg)
+    assert any(p.startswith("target.expect.layer_kinds:") and "full_attention, linear_attention" in p
+               for p in problems), problems  # fmt: skip
+    cfg["target"]["expect"]["layer_kinds"] = ["full_attention"]
+    assert not any("layer_kinds" in p for p in preflight(cfg))
+
+
+def test_drafter_layer_kinds_must_match_its_depth_and_window(tmp_path):
+    cfg = config(tmp_path, [{"prompt": "p", "response": "r"}], regenerate=False)
+    cfg["drafter"].update(num_layers=3, layer_types=["sliding_attention", "full_attention"])
+    problems = preflight(cfg)
+    assert any(p.startswith("drafter.layer_types: 2 kinds for drafter.num_layers 3") for p in problems)
+    assert any(p.startswith("drafter.sliding_window: null") for p in problems), problems
