@@ -26,6 +26,7 @@ if ROUNDS > 1:
     include: "workflow/rules/rounds.smk"
 
 
+include: "workflow/rules/answers.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/study.smk"
@@ -36,6 +37,7 @@ rule all:
     input:
         rules.dataset.input if ROUNDS == 1 else [],
         rules.plan.output,
+        rules.answers.output if config["data"]["regenerate"]["enabled"] else [],
         rules.export.output.drafter,
         rules.report.output,
         rules.study.output if STUDY_SIZES else [],

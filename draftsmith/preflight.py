@@ -252,7 +252,14 @@ def bench_problems(config: dict) -> list[str]:
     from draftsmith.dataset.prompts import prompt_file_problems
 
     problems = []
-    for d in config["bench"]["datasets"]:
+    bench, thinking = config["bench"], config["data"]["thinking"]
+    if bool(bench["thinking"]) != bool(thinking) and not bench["thinking_unlike_data"]:
+        problems.append(
+            f"bench.thinking: {bench['thinking']}, and the training answers are rendered with data.thinking: "
+            f"{thinking}. A drafter trained one way and served the other accepts little (z-lab/dflash #133): "
+            "set both alike, or bench.thinking_unlike_data: true to compare them on purpose"
+        )
+    for d in bench["datasets"]:
         path, key = d["path"], f"bench.datasets[{d['name']}].path"
         if path == "demo" or made_by_a_job(path, config):
             continue

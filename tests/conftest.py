@@ -204,7 +204,13 @@ def make_workflow(root: Path, tokenizer, records: int = 24, **sections) -> Path:
     cfg = {
         "results": str(root / "results"),
         "target": {"model": str(root / "target")},
-        "data": {"path": str(root / "data.jsonl"), "max_length": 128, "regenerate": {"enabled": True}},
+        # random weights answer with noise: judged and stopped by default (tests/unit/test_answers.py), so
+        # the workflow tests that are about other things train on it knowingly
+        "data": {
+            "path": str(root / "data.jsonl"),
+            "max_length": 128,
+            "regenerate": {"enabled": True, "checks": {"enabled": False}},
+        },  # fmt: skip
         "bench": {"datasets": [{"name": "tiny", "path": str(root / "prompts.jsonl")}]},
         **sections,
     }

@@ -65,6 +65,16 @@ def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
         df.to_parquet(tmp, index=False)
 
 
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """`dst` with `src`'s content, whole or not at all: a hard link where the file system allows, else a
+    copy."""
+    with atomic(dst) as tmp:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+
+
 def read_json(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 

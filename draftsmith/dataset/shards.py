@@ -284,6 +284,7 @@ def shard_manifest(
     stats: dict,
     regen_stats: Any,
     kernels: str,
+    answers: dict | None = None,
 ) -> dict:
     """What the validate, merge and train jobs read about a shard: its identity (config hash, target, taps),
     its samples and checksum, and how it was made."""
@@ -305,6 +306,7 @@ def shard_manifest(
         "regenerated": regenerated,
         "regeneration": None if regen_stats is None else asdict(regen_stats),
         "regeneration_reused": regenerated and regen_stats is None,  # answers from extract/regen/
+        "answers": answers,  # their statistics (draftsmith.dataset.answers), None when not regenerated
         "kernels": kernels,
         "num_samples": len(samples),
         "num_tokens": int(samples["num_tokens"].sum()),

@@ -17,6 +17,7 @@ from draftsmith.core import faults
 from draftsmith.core.gpu_pool import acquire
 from draftsmith.core.io import read_json, read_samples, write_json
 from draftsmith.core.runtime import set_threads, setup_logging
+from draftsmith.dataset.answers import AnswersRejected, judge
 from draftsmith.dataset.extract import extract_samples
 from draftsmith.dataset.plan import check_disk_space, planned_tokens
 from draftsmith.dataset.regenerate import regenerate_shard
@@ -25,7 +26,7 @@ from draftsmith.engine.memory import NoRoomForAnswers
 from draftsmith.plan.rounds import round_tokens, select_rows
 from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
-from draftsmith.target.load import load_configured_target
+from draftsmith.target.load import eos_ids_of, load_configured_target
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,9 +130,13 @@ def main(argv: list[str] | None = None) -> None:
         model, tok, _ = load_configured_target(target_dir, devices, tcfg)
         kernels = report_kernels(model)
         taps = resolve_taps(model.config.get_text_config().num_hidden_layers, tapcfg)
-        regen_stats = None
+        regen_stats, answers = None, None
         if regenerate:
             samples, regen_stats = _regenerate(model, tok, samples, args, tcfg=tcfg, dcfg=dcfg)
+            try:  # judged before extraction spends GPU time on them; they stay in extract/regen/
+                answers = judge(samples, tok, eos_ids_of(model, tok), data=dcfg, shard=out.stem)
+            except AnswersRejected as e:
+                stop(str(e))
         budget = max(1, int(plan["token_budget"]) // max(1, args.budget_div))
         logging.info(
             "shard %s: %d samples, %d tokens, taps %s, token budget %d, devices %s",
@@ -167,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         stats=stats.as_dict(),
         regen_stats=regen_stats,
         kernels=kernels,
+        answers=answers,
     )
     write_json(args.manifest, manifest)
     faults.damage(out)

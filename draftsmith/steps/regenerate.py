@@ -13,12 +13,13 @@ import torch
 
 from draftsmith.config import section_arg
 from draftsmith.core.gpu_pool import acquire
-from draftsmith.core.io import read_json, read_samples, write_json
+from draftsmith.core.io import link_or_copy, read_json, read_samples, write_json
 from draftsmith.core.runtime import set_threads, setup_logging
+from draftsmith.dataset.answers import AnswersRejected, judge
 from draftsmith.dataset.regenerate import regenerate_into
 from draftsmith.engine.memory import NoRoomForAnswers
 from draftsmith.target.files import resolve_target
-from draftsmith.target.load import load_configured_target
+from draftsmith.target.load import eos_ids_of, load_configured_target
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,18 +38,26 @@ def main(argv: list[str] | None = None) -> None:
     tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
     samples, out = read_samples(args.shard), Path(args.out)
     slots = max(1, int(dcfg["regenerate"]["batch_size"]) // max(1, args.budget_div))
+    # the answers are made in a cache beside the output: Snakemake deletes a failed job's outputs, and a shard
+    # whose answers fail a check must keep them for the rerun with another threshold
+    cache = out.parent / "cache" / out.name
     with acquire(read_json(args.probe)["gpus_per_copy"]) as devices:
         model, tok, _ = load_configured_target(resolve_target(args.target), devices, tcfg)
         try:
-            answered, stats = regenerate_into(model, tok, samples, out, target=tcfg, data=dcfg, slots=slots)
+            answered, stats = regenerate_into(model, tok, samples, cache, target=tcfg, data=dcfg, slots=slots)
+            judged = judge(answered, tok, eos_ids_of(model, tok), data=dcfg, shard=out.stem)
         except torch.OutOfMemoryError as e:
             sys.exit(
                 f"regeneration: out of memory with {slots} slots ({e}); set data.regenerate.batch_size lower"
             )
-        except (NoRoomForAnswers, NotImplementedError) as e:
+        except (NoRoomForAnswers, NotImplementedError, AnswersRejected) as e:
             sys.exit(f"regeneration: {e}")
-    stamp = out.with_suffix(".json")
-    write_json(stamp, {**read_json(stamp), "stats": None if stats is None else asdict(stats)})
+    link_or_copy(cache, out)
+    stats_json = None if stats is None else asdict(stats)
+    write_json(
+        out.with_suffix(".json"),
+        {**read_json(cache.with_suffix(".json")), "stats": stats_json, "judged": judged},
+    )
     logging.info("%s: %d answers, %d tokens", out, len(answered), int(answered["num_tokens"].sum()))
 
 

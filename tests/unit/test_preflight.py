@@ -97,3 +97,12 @@ def test_drafter_layer_kinds_must_match_its_depth_and_window(tmp_path):
     problems = preflight(cfg)
     assert any(p.startswith("drafter.layer_types: 2 kinds for drafter.num_layers 3") for p in problems)
     assert any(p.startswith("drafter.sliding_window: null") for p in problems), problems
+
+
+def test_a_bench_thinking_unlike_the_datas_stops_unless_meant(tmp_path):
+    cfg = config(tmp_path, [{"prompt": "p", "response": "r"}], regenerate=False)
+    cfg["bench"]["thinking"] = True
+    said = "bench.thinking: True, and the training answers are rendered with data.thinking: False"
+    assert any(p.startswith(said) and "bench.thinking_unlike_data: true" in p for p in preflight(cfg))
+    cfg["bench"]["thinking_unlike_data"] = True
+    assert not any("thinking" in p for p in preflight(cfg))

@@ -46,7 +46,7 @@ def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(se
     )
     cfg.update(
         data={**cfg["data"], "path": [f"{url}/gsm.jsonl", f"{url}/alpaca.json"],
-              "regenerate": {"enabled": True, "max_new_tokens": 12}},
+              "regenerate": {"enabled": True, "max_new_tokens": 12, "checks": {"enabled": False}}},
         extract={"shards": 2},
         drafter={"num_layers": 1, "block_size": 4},
         train={"epochs": 1, "anchors_per_seq": 8, "token_budget": 512},

@@ -2,6 +2,7 @@
 with the key named. Real jobs, real files, a tiny real target."""
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -144,8 +145,20 @@ def test_whole_dag_to_report(small_run, tmp_path):
     )
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     args = ["--configfile", str(tmp_path / "c.yaml")]
-    run = snakemake("all", *args, env=env)
     res = Path(cfg["results"])
+    # the random-weight target answers with noise: its answers are judged and the job stops before extraction
+    stopped = snakemake("all", *args, env=env, check=False)
+    log = (res / "logs/extract/shard000.log").read_text()
+    assert stopped.returncode != 0 and not (res / "extract/shard000.json").exists()
+    assert re.search(r"- cut: \d+\.\d% of the answers, above data\.regenerate\.checks\.max_cut = 0\.9", log)
+    assert "Likely: " in log and "shard000" in log
+    # trained on knowingly: the cached answers are not decoded again, and the statistics still written
+    cfg["data"]["regenerate"]["checks"] = {"enabled": False}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    run = snakemake("all", *args, env=env)
+    assert "regeneration: reusing" in (res / "logs/extract/shard000.log").read_text()
+    answers = json.loads((res / "extract/shard000.json").read_text())["answers"]
+    assert answers["cut"] > 0.9 and sum(answers["histogram"]["counts"]) == answers["answers"]
     assert json.loads((res / "target/lock.json").read_text())["commit"] == snapshot.name
     assert json.loads((res / "probe.json").read_text())["gpu_memory_cap"] == 80 * 10**9
     manifest = json.loads((res / "extract/shard000.json").read_text())
@@ -177,7 +190,7 @@ OTHER_VALUES = {
               "dtype": "fp32", "heldout_fraction": 0.1, "max_steps": 3, "max_samples": 10, "steps_as_full": True},
     "bench": {"max_prompts": 2, "parts": 2, "max_new_tokens": 8, "block_size": 3, "ddtree_budgets": [4],
               "temperature": 0.5, "methods": ["ar", "dflash"], "real_loop": False, "thinking": True, "warmup": 0,
-              "fp32_check_prompts": 1},
+              "fp32_check_prompts": 1, "thinking_unlike_data": True},
 }  # fmt: skip
 DOWNSTREAM = {"mask_check", "plan", "train", "export", "bench", "report", "all"}  # plan: seconds, no GPU
 
@@ -192,6 +205,8 @@ def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: P
             changed = {**cfg, section: {**cfg[section], key: value}}
             if key == "layer_types":
                 changed["drafter"]["num_layers"] = 1
+            if key == "thinking":  # unlike the data's: said to be on purpose, or preflight stops it
+                changed["bench"]["thinking_unlike_data"] = True
             (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
             out = snakemake("all", "-n", "--configfile", str(tmp_path / "changed.yaml"), env=env).stdout
             planned = set(job_counts(out))

@@ -13,6 +13,7 @@ from draftsmith.config import data_sources, is_url
 from draftsmith.preflight import preflight, problems_message
 from draftsmith.dataset.fetch import fetched_name
 from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
+from draftsmith.dataset.answers import ENV as ANSWER_CHECKS_ENV
 from draftsmith.core.gpu_pool import gpu_names, visible_gpus
 from draftsmith.plan.cli import bench_prompts
 from draftsmith.plan.plan import (
@@ -44,6 +45,7 @@ except ValueError as e:
     raise WorkflowError(f"config: {e}") from None
 if GPU_MEMORY is not None:
     os.environ[GPU_MEMORY_ENV] = GPU_MEMORY
+os.environ[ANSWER_CHECKS_ENV] = json.dumps(config["data"]["regenerate"]["checks"])
 
 
 RESULTS = config["results"]
@@ -75,8 +77,11 @@ wildcard_constraints:
 
 def as_json(section, drop=()):
     """A config section as one shell word: scripts read their settings from --x-json arguments. Keys a job
-    does not use are dropped, so changing them does not rerun it."""
+    does not use are dropped, so changing them does not rerun it. The answer checks reach the jobs through
+    their environment (below), so a threshold changed after a shard stopped reruns no shard that passed."""
     values = {k: v for k, v in config[section].items() if k not in drop}
+    if section == "data":
+        values["regenerate"] = {k: v for k, v in values["regenerate"].items() if k != "checks"}
     return shlex.quote(json.dumps(values, sort_keys=True))
 
 
