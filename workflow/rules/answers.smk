@@ -2,20 +2,17 @@
 # extraction (draftsmith.dataset.answers), in a table and a length histogram.
 
 
-def get_answer_stats(wildcards):
-    """Where each shard's answer statistics are: its extraction manifest, or its answer stamp in rounds."""
-    if ROUNDS > 1:
-        return expand(rules.regenerate.output.stamp, shard=SHARDS)
-    return expand(rules.extract.output.manifest, shard=SHARDS)
-
-
 rule answers:
     input:
         stats=get_answer_stats,
     output:
-        md=report(f"{RESULTS}/answers.md", caption="../report/answers.rst", category="Data"),
+        md=report(
+            f"{RESULTS}/answers.md", caption="../report/answers.rst", category="Data"
+        ),
         png=report(
-            f"{RESULTS}/answers.png", caption="../report/answer_lengths.rst", category="Data"
+            f"{RESULTS}/answers.png",
+            caption="../report/answer_lengths.rst",
+            category="Data",
         ),
     log:
         f"{RESULTS}/logs/answers.log",

@@ -78,10 +78,13 @@ wildcard_constraints:
 def as_json(section, drop=()):
     """A config section as one shell word: scripts read their settings from --x-json arguments. Keys a job
     does not use are dropped, so changing them does not rerun it. The answer checks reach the jobs through
-    their environment (below), so a threshold changed after a shard stopped reruns no shard that passed."""
+    their environment (below), so a threshold changed after a shard stopped reruns no shard that passed.
+    """
     values = {k: v for k, v in config[section].items() if k not in drop}
     if section == "data":
-        values["regenerate"] = {k: v for k, v in values["regenerate"].items() if k != "checks"}
+        values["regenerate"] = {
+            k: v for k, v in values["regenerate"].items() if k != "checks"
+        }
     return shlex.quote(json.dumps(values, sort_keys=True))
 
 
@@ -388,3 +391,10 @@ def plan_config():
     """The config as the plan job reads it: not the study's sizes nor the demo's settings, which do not change
     the plan (a study trains on the same data)."""
     return {k: v for k, v in config.items() if k not in ("study", "demo")}
+
+
+def get_answer_stats(wildcards):
+    """Where each shard's answer statistics are: its extraction manifest, or its answer stamp in rounds."""
+    if ROUNDS > 1:
+        return expand(rules.regenerate.output.stamp, shard=SHARDS)
+    return expand(rules.extract.output.manifest, shard=SHARDS)
