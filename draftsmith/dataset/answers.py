@@ -68,8 +68,12 @@ def template_markers(tokenizer, eos_ids: list[int]) -> Markers:
     turn: set[int] = set()
     if getattr(tokenizer, "chat_template", None):
         chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-        rendered = tokenizer.apply_chat_template(chat, tokenize=True)
-        ids = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
+        try:
+            rendered = tokenizer.apply_chat_template(chat, tokenize=True)
+        except Exception as e:  # a template that wants more (a system turn, tools): no markers to read
+            logging.getLogger(__name__).warning("answers: no role markers read from the chat template (%s)", e)
+            rendered = []
+        ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
         turn = {int(i) for i in ids if int(i) in specials}
     vocab = tokenizer.get_vocab()
     return Markers(
