@@ -71,7 +71,9 @@ def template_markers(tokenizer, eos_ids: list[int]) -> Markers:
         try:
             rendered = tokenizer.apply_chat_template(chat, tokenize=True)
         except Exception as e:  # a template that wants more (a system turn, tools): no markers to read
-            logging.getLogger(__name__).warning("answers: no role markers read from the chat template (%s)", e)
+            logging.getLogger(__name__).warning(
+                "answers: no role markers read from the chat template (%s)", e
+            )
             rendered = []
         ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
         turn = {int(i) for i in ids if int(i) in specials}
