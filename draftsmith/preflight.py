@@ -252,14 +252,7 @@ def bench_problems(config: dict) -> list[str]:
     from draftsmith.dataset.prompts import prompt_file_problems
 
     problems = []
-    bench, thinking = config["bench"], config["data"]["thinking"]
-    if bool(bench["thinking"]) != bool(thinking) and not bench["thinking_unlike_data"]:
-        problems.append(
-            f"bench.thinking: {bench['thinking']}, and the training answers are rendered with data.thinking: "
-            f"{thinking}. A drafter trained one way and served the other accepts little (z-lab/dflash #133): "
-            "set both alike, or bench.thinking_unlike_data: true to compare them on purpose"
-        )
-    for d in bench["datasets"]:
+    for d in config["bench"]["datasets"]:
         path, key = d["path"], f"bench.datasets[{d['name']}].path"
         if path == "demo" or made_by_a_job(path, config):
             continue
@@ -268,6 +261,18 @@ def bench_problems(config: dict) -> list[str]:
         elif Path(path).suffix in DATA_SUFFIXES:
             problems.append(f"{key}: {path}: no such file")
     return problems
+
+
+def thinking_problems(config: dict) -> list[str]:
+    """The bench renders its prompts with the training data's thinking switch, unless told otherwise."""
+    bench, thinking = config["bench"], config["data"]["thinking"]
+    if bool(bench["thinking"]) == bool(thinking) or bench["thinking_unlike_data"]:
+        return []
+    return [
+        f"bench.thinking: {bench['thinking']}, and the training answers are rendered with data.thinking: "
+        f"{thinking}. A drafter trained one way and served the other accepts little (z-lab/dflash #133): set "
+        "both alike, or bench.thinking_unlike_data: true to compare them on purpose"
+    ]
 
 
 def has_chat_template(target_dir: Path) -> bool:
@@ -316,7 +321,7 @@ def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
 
     notes = [] if notes is None else notes
     problems = model_problems(config) + demo_problems(config) + drafter_problems(config)
-    problems += data_problems(config) + bench_problems(config)
+    problems += data_problems(config) + bench_problems(config) + thinking_problems(config)
     target_dir = None if problems else parse_time_target(config["target"])
     if target_dir is None:
         return problems or expect_problems(config)
