@@ -228,22 +228,11 @@ def layer_kinds(text_cfg: dict) -> list[str]:
 
 
 def drafter_problems(config: dict) -> list[str]:
-    """The drafter's layer kinds against its own depth and window, known before any job (training would find
-    them only after extraction)."""
+    """The drafter's layer kinds against its own depth and window (`layer_types_problems`)."""
+    from draftsmith.drafter.config import layer_types_problems
+
     d = config["drafter"]
-    types = d["layer_types"] or []
-    problems = []
-    if types and len(types) != int(d["num_layers"]):
-        problems.append(
-            f"drafter.layer_types: {len(types)} kinds for drafter.num_layers {d['num_layers']}: give one "
-            "kind a layer, or null for full attention throughout"
-        )
-    if "sliding_attention" in types and not d["sliding_window"]:
-        problems.append(
-            "drafter.sliding_window: null, and drafter.layer_types has sliding_attention layers: give the "
-            "window in tokens (2048 in z-lab's Qwen3.6 drafters)"
-        )
-    return problems
+    return layer_types_problems(d["layer_types"] or [], int(d["num_layers"]), d["sliding_window"])
 
 
 def bench_problems(config: dict) -> list[str]:

@@ -12,6 +12,25 @@ from draftsmith.target.mask import MaskChoice, no_mask_message, settle_mask_toke
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
+def layer_types_problems(layer_types: list[str], num_layers: int, sliding_window: int | None) -> list[str]:
+    """What is wrong with a drafter's layer kinds, by their drafter.* keys: DrafterConfig refuses them, and
+    preflight names them at parse time (training would meet them only after extraction)."""
+    problems = []
+    if layer_types and len(layer_types) != num_layers:
+        problems.append(
+            f"drafter.layer_types: {len(layer_types)} kinds for drafter.num_layers {num_layers}: give one "
+            "kind a layer, or null for full attention throughout"
+        )
+    if bad := sorted(set(layer_types) - {FULL, SLIDING}):
+        problems.append(f"drafter.layer_types: unknown kinds {bad}; use {FULL!r} or {SLIDING!r}")
+    if SLIDING in layer_types and not sliding_window:
+        problems.append(
+            "drafter.sliding_window: null, and drafter.layer_types has sliding_attention layers: give the "
+            "window in tokens (2048 in z-lab's Qwen3.6 drafters)"
+        )
+    return problems
+
+
 @dataclass
 class DrafterConfig:
     hidden_size: int
@@ -34,13 +53,8 @@ class DrafterConfig:
     def __post_init__(self) -> None:
         if not self.layer_types:
             self.layer_types = [FULL] * self.num_layers
-        if len(self.layer_types) != self.num_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
-        bad = set(self.layer_types) - {FULL, SLIDING}
-        if bad:
-            raise ValueError(f"unknown layer types {sorted(bad)}; use {FULL!r} or {SLIDING!r}")
-        if SLIDING in self.layer_types and not self.sliding_window:
-            raise ValueError("sliding_attention layers need drafter.sliding_window")
+        if problems := layer_types_problems(self.layer_types, self.num_layers, self.sliding_window):
+            raise ValueError("; ".join(problems))
 
     @property
     def num_taps(self) -> int:
