@@ -15,7 +15,7 @@ from draftsmith.dataset.fetch import fetched_name
 from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
 from draftsmith.dataset.answers import ENV as ANSWER_CHECKS_ENV
 from draftsmith.core.gpu_pool import gpu_names, visible_gpus
-from draftsmith.plan.cli import bench_prompts
+from draftsmith.plan.cli import bench_prompts, data_files, local_file
 from draftsmith.plan.plan import (
     PINNED,
     PlanError,
@@ -115,11 +115,6 @@ def target_json(drop=()):
 DATA_JOB_DROP = ("mask_token_id", "expect")
 
 
-def local_path(path):
-    """Where a job reads a configured file: a URL's copy made by fetch_data, else the path itself."""
-    return f"{RESULTS}/inputs/web/{fetched_name(path)}" if is_url(path) else path
-
-
 # every URL the config names (training data, bench prompts), by the file fetch_data makes of it
 FETCHED = {
     fetched_name(u): u
@@ -130,9 +125,7 @@ FETCHED = {
 
 def data_paths():
     """The training files in order (the demo's, the user's, fetched copies of URLs)."""
-    if data_sources(config) == ["demo"]:
-        return [f"{RESULTS}/demo/data/train.jsonl"]
-    return [local_path(p) for p in data_sources(config)]
+    return data_files(config)
 
 
 def data_input(wildcards):
@@ -216,10 +209,7 @@ def report_command():
 
 def prompts_path(dataset):
     """Benchmark prompts: the demo's held-out prompts, or the configured file (a URL's copy) / datasets name."""
-    source = BENCH_DATASETS[dataset]
-    return (
-        f"{RESULTS}/demo/data/prompts.jsonl" if source == "demo" else local_path(source)
-    )
+    return local_file(config, BENCH_DATASETS[dataset], "prompts.jsonl")
 
 
 def prompts_input(wildcards):
