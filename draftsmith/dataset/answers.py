@@ -31,13 +31,9 @@ HISTOGRAM_BINS = 8
 EXAMPLES = 3  # answers shown in a stop message
 SHOWN_CHARS = 160  # of each answer's head and tail
 ENV = "DRAFTSMITH_ANSWER_CHECKS"  # the thresholds, as the workflow hands them to the jobs (see common.smk)
-CHECKED = (
-    "cut",
-    "empty",
-    "repeats",
-    "new_turn",
-    "thinking_mismatch",
-)  # each has data.regenerate.checks.max_*
+# each has data.regenerate.checks.max_*
+CHECKED = ("cut", "empty", "repeats", "new_turn", "thinking_mismatch")
+SHARES = ("ended", *CHECKED)  # what a shard's statistics give the share of
 CAUSES = {
     "cut": "answers longer than the cap (raise data.regenerate.max_new_tokens or data.max_length), or a "
     "model that never says it is done: a base model, or a chat template not its own (target.chat_template)",
@@ -131,7 +127,7 @@ def answer_stats(
     lengths = np.asarray([len(a) for a in answers])
     counts, edges = np.histogram(lengths, bins=HISTOGRAM_BINS, range=(0, max(max_new_tokens, 1)))
     stats: dict = {"answers": len(answers), "mean_tokens": float(lengths.mean()) if len(lengths) else 0.0}
-    for name in ("ended", *CHECKED):
+    for name in SHARES:
         known = [bool(f[name]) for f in flags if f[name] is not None]
         stats[name] = sum(known) / len(known) if known else None
         stats.setdefault("ids", {})[name] = [
@@ -199,7 +195,7 @@ def judge(samples: pd.DataFrame, tokenizer, eos_ids: list[int], *, data: dict, s
     logging.getLogger(__name__).info(
         "answers of %s: %s",
         shard,
-        ", ".join(f"{k} {stats[k]:.1%}" for k in ("ended", *CHECKED) if stats[k] is not None),
+        ", ".join(f"{k} {stats[k]:.1%}" for k in SHARES if stats[k] is not None),
     )
     if failed := failed_checks(stats, checks_from_env()):
         raise AnswersRejected(stop_message(shard, samples, stats, failed, tokenizer))
@@ -210,7 +206,7 @@ def combined(stats: list[dict]) -> dict:
     """Several shards' statistics as one: shares weighted by answers, histograms summed."""
     total = sum(s["answers"] for s in stats)
     out: dict = {"answers": total}
-    for name in ("ended", *CHECKED, "mean_tokens"):
+    for name in (*SHARES, "mean_tokens"):
         known = [(s[name], s["answers"]) for s in stats if s.get(name) is not None]
         weight = sum(n for _, n in known)
         out[name] = sum(v * n for v, n in known) / weight if weight else None
@@ -223,10 +219,10 @@ def combined(stats: list[dict]) -> dict:
 
 def answers_table(by_shard: dict[str, dict]) -> str:
     """The report's page: a row per shard and one for all, shares in percent."""
-    head = ["shard", "answers", "mean tokens", "ended", *CHECKED]
+    head = ["shard", "answers", "mean tokens", *SHARES]
     rows = [*by_shard.items(), ("all", combined(list(by_shard.values())))]
     lines = ["| " + " | ".join(h.replace("_", " ") for h in head) + " |", "|" + " --- |" * len(head)]
     for name, s in rows:
-        shares = [("n/a" if s[k] is None else f"{s[k]:.1%}") for k in ("ended", *CHECKED)]
+        shares = [("n/a" if s[k] is None else f"{s[k]:.1%}") for k in SHARES]
         lines.append(f"| {name} | {s['answers']} | {s['mean_tokens']:.1f} | " + " | ".join(shares) + " |")
     return "\n".join(lines)

@@ -8,8 +8,8 @@ drafter's body in fp32. The jobs measure the rest themselves (regeneration's slo
 
 from __future__ import annotations
 
-from draftsmith.core.gpu_memory import memory_cap
-from draftsmith.core.units import human, parse_size
+from draftsmith.core.gpu_memory import cap_setting, memory_cap
+from draftsmith.core.units import human
 
 WORKSPACE = 2 * 10**9  # activations, caches and allocator slack of one bench prompt, as a round figure
 
@@ -19,8 +19,14 @@ def memory_plan(
 ) -> dict:
     """Limit a job, the bench's and the fp32 check's peaks, and what the check will do (see `check_mode`)."""
     setting = config.get("gpu_memory")
-    cap = parse_size(setting, key="gpu_memory") if setting is not None else memory_cap()
+    cap = int(cap_setting(setting) or 0) or memory_cap()  # as the workflow hands it to the jobs
     limit = min(x for x in (cap, card_bytes) if x) if (cap or card_bytes) else 0
+    if setting is not None:
+        source = f"gpu_memory {setting}"
+    elif cap:
+        source = "DRAFTSMITH_GPU_MEMORY"
+    else:
+        source = "the card" if card_bytes else "none (no GPU)"
     hidden, layers = int(shape["hidden_size"]), int(shape["num_hidden_layers"])
     vocab = int(shape.get("vocab_size") or 32000)
     tables = vocab * hidden * (1 if shape.get("tie_word_embeddings") else 2)  # embedding and head
@@ -29,15 +35,7 @@ def memory_plan(
     layer_fp32 = 4 * (params - tables) / layers
     out = {
         "limit_bytes": int(limit),
-        "limit_source": (
-            f"gpu_memory {setting}"
-            if setting is not None
-            else "DRAFTSMITH_GPU_MEMORY"
-            if cap
-            else "the card"
-            if card_bytes
-            else "none (no GPU)"
-        ),
+        "limit_source": source,
         "weights_bytes": int(weights),
         "bench_bytes": int(weights + drafter + WORKSPACE),
         # fp32 check: the tables cast up (2 more bytes each), one layer in fp32, the drafter's body in fp32

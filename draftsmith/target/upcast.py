@@ -32,7 +32,9 @@ def fp32_by_layer(model: nn.Module) -> Iterator[nn.Module]:
     handles = []
     for layer in layers:
         held: Swapped = []
-        handles.append(layer.register_forward_pre_hook(lambda m, _args, held=held: held.extend(_cast_up(m))))
+        handles.append(
+            layer.register_forward_pre_hook(lambda m, _a, held=held: held.extend(_cast_up(_low_tensors(m))))
+        )
         handles.append(
             layer.register_forward_hook(lambda _m, _a, _o, held=held: _put_back(held), always_call=True)
         )
@@ -47,20 +49,21 @@ def fp32_by_layer(model: nn.Module) -> Iterator[nn.Module]:
 
 def fp32_tensor_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers in fp32 now (what `fp32_by_layer` holds at a time)."""
-    seen = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    return sum(t.numel() * 4 for t in seen.values() if t.dtype == torch.float32)
+    return sum(t.numel() * 4 for t in _tensors(model) if t.dtype == torch.float32)
+
+
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Its parameters and buffers, each once (tied weights are one parameter)."""
+    return list({id(t): t for t in [*module.parameters(), *module.buffers()]}.values())
 
 
 def _low_tensors(module: nn.Module) -> list[torch.Tensor]:
-    """Its parameters and buffers in a 16-bit float type, each once (tied weights are one parameter)."""
-    seen = {id(t): t for t in [*module.parameters(), *module.buffers()]}
-    return [t for t in seen.values() if t.dtype in (torch.bfloat16, torch.float16)]
+    """Its parameters and buffers in a 16-bit float type."""
+    return [t for t in _tensors(module) if t.dtype in (torch.bfloat16, torch.float16)]
 
 
-def _cast_up(tensors) -> Swapped:
+def _cast_up(tensors: list[torch.Tensor]) -> Swapped:
     """Each tensor's data replaced by an fp32 copy; returns what it had, for `_put_back`."""
-    if isinstance(tensors, nn.Module):
-        tensors = _low_tensors(tensors)
     swapped = [(t, t.data) for t in tensors]
     with torch.inference_mode(False):  # a parameter's data may not become an inference tensor
         for t, low in swapped:
