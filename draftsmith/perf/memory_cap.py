@@ -26,7 +26,6 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import torch
-import yaml
 
 from draftsmith.config import resolve_taps, with_defaults
 from draftsmith.core.gpu_memory import ENV, hold_to_cap, job_memory
@@ -39,6 +38,7 @@ from draftsmith.engine.memory import plan_slots
 from draftsmith.perf.extraction import draw_lengths, random_samples
 from draftsmith.perf.shapes import build_model, load_shape
 from draftsmith.perf.training import benchmark
+from draftsmith.plan.cli import load_config
 from draftsmith.speculative.bench import bench_prompt, checks_in_fp32
 from draftsmith.speculative.proposers import BlockDrafter
 from draftsmith.target.kernels import use_fla_conv
@@ -150,12 +150,7 @@ def preset_drafter(fields: dict, config: dict, taps: list[int]):
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[dict]:
-    config = yaml.safe_load(Path(args.preset).read_text())
-    config = {
-        k: with_defaults(k, config.get(k, {}))
-        for k in ("data", "extract", "drafter", "train", "bench", "taps")
-    }
-    config["target"] = yaml.safe_load(Path(args.preset).read_text())["target"]
+    config = load_config([args.preset])  # checked against the schema, its defaults filled in
     device = torch.device("cuda", 0)
     hold_to_cap(device)
     fields, _ = load_shape(args.shape)
