@@ -169,19 +169,20 @@ def decide_rounds(
     states: float, budget: int, *, config: dict, samples: int, base_shards: int, per_token: float
 ) -> tuple[int, float]:
     """(rounds, held-out bytes): one round when everything fits, else as few rounds as fit the budget after
-    the held-out samples (kept all run) and one sample of slack per base shard. Raises PlanError with the
-    options."""
+    the held-out samples (kept all run) and one sample of slack per base shard, `extract.rounds_in_flight`
+    rounds at a time. Raises PlanError with the options."""
     if states <= budget:
         return 1, 0.0
     fraction = float(config["train"]["heldout_fraction"])
+    in_flight = int(config["extract"]["rounds_in_flight"])
     heldout = fraction * states
-    slack = base_shards * int(config["data"]["max_length"]) * per_token
+    slack = base_shards * int(config["data"]["max_length"]) * per_token * in_flight
     room = budget - heldout - slack
     try:
         if room <= 0:
             raise ValueError("the held-out samples alone fill it")
         return rounds_needed(
-            int((1 - fraction) * states), int(room), base_shards=base_shards, samples=samples
+            int((1 - fraction) * states * in_flight), int(room), base_shards=base_shards, samples=samples
         ), heldout
     except ValueError as e:
         storage = config["extract"]["storage"]
@@ -207,6 +208,7 @@ def decide_budget(
         "answers": [config["data"]["regenerate"][k] for k in ("enabled", "max_new_tokens")],
         "base_shards": base_shards,
         "heldout_fraction": float(config["train"]["heldout_fraction"]),
+        "in_flight": int(config["extract"]["rounds_in_flight"]),
     }
     pinned = _pinned(config, identity)
     if pinned:
@@ -280,7 +282,7 @@ def make_plan(
         samples=size.samples,
         base_shards=base_shards,
     )
-    plan["epochs"] = config["train"]["epochs"]
+    plan["epochs"], plan["in_flight"] = config["train"]["epochs"], int(config["extract"]["rounds_in_flight"])
     plan["extraction_passes"] = 1 if plan["rounds"] == 1 else int(math.ceil(float(config["train"]["epochs"])))
     plan["stages"] = stage_hours(
         config,
@@ -448,7 +450,8 @@ def render(plan: dict) -> str:
         (
             "rounds",
             str(plan["rounds"]),
-            f"{plan['extraction_passes']} extraction pass(es) over {plan['epochs']} epochs",
+            f"{plan['extraction_passes']} extraction pass(es) over {plan['epochs']} epochs"
+            + (f"; {plan['in_flight']} on disk at once" if plan["rounds"] > 1 else ""),
         ),
     ]
     for stage, s in plan["stages"].items():

@@ -110,3 +110,9 @@ def round_tokens(shards: list[pd.DataFrame], config: dict, *, rounds: int) -> tu
         np.add.at(total, where[where != HELD], bound[where != HELD])
         held += int(bound[where == HELD].sum())
     return total, held
+
+
+def peak_tokens(tokens: np.ndarray, held: int, *, in_flight: int) -> int:
+    """The most tokens on disk at once: the held-out samples and the `in_flight` largest rounds (a round's
+    extraction waits until the round `in_flight` places before it has trained and been deleted)."""
+    return int(held + np.sort(np.asarray(tokens))[::-1][: max(1, in_flight)].sum())

@@ -23,7 +23,7 @@ from draftsmith.dataset.plan import check_disk_space, planned_tokens
 from draftsmith.dataset.regenerate import regenerate_shard
 from draftsmith.dataset.shards import shard_bytes, shard_manifest
 from draftsmith.engine.memory import NoRoomForAnswers
-from draftsmith.plan.rounds import round_tokens, select_rows
+from draftsmith.plan.rounds import peak_tokens, round_tokens, select_rows
 from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
 from draftsmith.target.load import eos_ids_of, load_configured_target
@@ -54,7 +54,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_round(
-    base_shards: list[str], rows: dict, data: dict, budget: int, plan: dict, storage: str
+    base_shards: list[str],
+    rows: dict,
+    data: dict,
+    budget: int,
+    plan: dict,
+    storage: str,
+    *,
+    in_flight: int = 1,
 ) -> None:
     """Stops before any GPU work when this round, with the held-out samples, cannot fit the budget the plan
     handed out (the plan rule checks it too; a rerun of this job alone meets it here)."""
@@ -62,10 +69,11 @@ def check_round(
     config = {"data": data, "train": {"heldout_fraction": rows["heldout_fraction"], "seed": rows["seed"]}}
     tokens, held = round_tokens(frames, config, rounds=int(rows["rounds"]))
     width = len(plan["target"]["taps"]) * int(plan["target"]["hidden_size"])
-    need = shard_bytes(int(tokens[int(rows["round"])] + held), 0, width, storage)
+    need = shard_bytes(peak_tokens(tokens, held, in_flight=in_flight), 0, width, storage)
     if need > budget:
         stop(
-            f"extract: round {rows['round']} and the held-out samples can take {need / 1e9:.3f} GB but "
+            f"extract: {in_flight} round(s) at once (extract.rounds_in_flight) and the held-out samples can "
+            f"take {need / 1e9:.3f} GB but "
             f"extract.disk_budget gives {budget / 1e9:.3f} GB; rerun snakemake to plan the rounds again"
         )
 
@@ -82,8 +90,10 @@ def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan
         rows = json.loads(args.rows_json)
         samples = select_rows(samples, rows, dcfg)
         if args.round_plan is not None and Path(args.round_plan).exists():
-            budget = int(read_json(args.round_plan)["budget_bytes"])
-            check_round(args.base_shards, rows, dcfg, budget, plan, ecfg["storage"])
+            pinned = read_json(args.round_plan)
+            in_flight = int(pinned["identity"].get("in_flight", 1))
+            budget = int(pinned["budget_bytes"])
+            check_round(args.base_shards, rows, dcfg, budget, plan, ecfg["storage"], in_flight=in_flight)
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered
     try:  # before any GPU work: a full disk is a message now, not a crash hours in
         need = check_disk_space(

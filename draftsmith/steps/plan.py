@@ -14,7 +14,7 @@ from draftsmith.core.io import write_json, write_text
 from draftsmith.core.runtime import setup_logging
 from draftsmith.plan.cli import bench_prompts
 from draftsmith.plan.plan import PlanError, make_plan, pin, render, unpin
-from draftsmith.plan.rounds import round_tokens
+from draftsmith.plan.rounds import peak_tokens, round_tokens
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,11 +56,14 @@ def main(argv: list[str] | None = None) -> None:
         per_token = plan["bytes_per_token"][plan["storage"]]
         plan["round_bytes"] = [int(t * per_token) for t in rounds]
         plan["heldout_bytes"] = int(held * per_token)
-        worst = max(plan["round_bytes"]) + plan["heldout_bytes"]
+        in_flight = int(config["extract"]["rounds_in_flight"])
+        worst = int(peak_tokens(rounds, held, in_flight=in_flight) * per_token)
+        plan["peak_bytes"] = worst
         if worst > plan["budget_bytes"]:
             unpin(config)
             sys.exit(
-                f"plan: measured on the prepared data, the largest round and the held-out samples take "
+                f"plan: measured on the prepared data, the {in_flight} largest round(s) "
+                "(extract.rounds_in_flight) and the held-out samples take "
                 f"{worst / 1e9:.3f} GB but extract.disk_budget gives {plan['budget_bytes'] / 1e9:.3f} GB "
                 "(the "
                 "rounds were planned from an estimate). Rerun snakemake: it plans again from the measured "

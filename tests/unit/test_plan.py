@@ -19,7 +19,7 @@ from draftsmith.config import with_defaults
 from draftsmith.core.units import parse_size
 from draftsmith.dataset.shards import ShardWriter
 from draftsmith.plan.plan import PlanError, decide_rounds
-from draftsmith.plan.rounds import heldout_rows, round_order, select_rows
+from draftsmith.plan.rounds import heldout_rows, peak_tokens, round_order, select_rows
 from draftsmith.plan.sizes import token_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +77,23 @@ def test_rounds_as_few_as_fit_and_a_budget_below_one_round_is_refused():
     assert decide_rounds(1e6, 300_000, **kw)[0] == 4  # (0.95 MB) / (0.3 MB - 50 KB held out - 4 KB slack)
     with pytest.raises(PlanError, match=r"extract.disk_budget.*smallest round.*fp8"):
         decide_rounds(1e6, 50_000, **kw)
+
+
+def test_rounds_in_flight_share_the_budget():
+    """Two rounds on disk at once: each is sized to half of what the held-out samples leave, and the peak of
+    any two rounds with the held-out samples fits."""
+    config = {
+        "train": with_defaults("train"),
+        "data": with_defaults("data", {"max_length": 100}),
+        "extract": with_defaults("extract", {"rounds_in_flight": 2}),
+    }
+    kw = {"config": config, "samples": 1000, "base_shards": 4, "per_token": 10.0}
+    rounds, held = decide_rounds(1e6, 300_000, **kw)
+    assert rounds == 8  # 2 x 0.95 MB / (0.3 MB - 50 KB held out - 8 KB slack)
+    tokens = np.full(rounds, 0.95e6 / 10 / rounds)
+    assert peak_tokens(tokens, int(held / 10), in_flight=2) * 10 <= 300_000
+    assert peak_tokens(np.array([5, 9, 7]), 3, in_flight=2) == 19
+    assert peak_tokens(np.array([5]), 0, in_flight=3) == 5
 
 
 def test_plan_command_on_the_27b_preset_with_100k_prompts(tmp_path):

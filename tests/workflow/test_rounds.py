@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -238,3 +239,24 @@ def test_a_budget_below_one_round_stops_at_plan_time(rounds_run):
     assert proc.returncode != 0
     msg = proc.stdout + proc.stderr
     assert "extract.disk_budget" in msg and "fp8" in msg and "smallest round" in msg, msg[-2000:]
+
+
+def test_rounds_in_flight_gate_extraction_two_places_back(rounds_run):
+    """extract.rounds_in_flight: 2 plans more, smaller rounds, and each round's extraction waits only for the
+    training two places before it in the run's order (the first two rounds wait for none)."""
+    out = snakemake("-n", *_changed(rounds_run, "flight.yaml", extract={"rounds_in_flight": 2})).stdout
+    rounds = json.loads((rounds_run["res"] / "plan/rounds.json").read_text())["rounds"]
+    assert rounds > 3, rounds
+    order = [round_order(rounds, e, 0) for e in (0, 1)]
+    sequence = [(e, r) for e in (0, 1) for r in order[e]]
+    gates = {}
+    for block in out.split("\nrule ")[1:]:
+        if not block.startswith("extract_round:"):
+            continue
+        wild = dict(kv.split("=") for kv in re.search(r"wildcards: (.*)", block)[1].split(", "))
+        gate = re.search(r"rounds/e(\d+)/p(\d+)/record\.json", re.search(r"input: (.*)", block)[1])
+        gates[(int(wild["epoch"]), int(wild["round"]))] = gate and (int(gate[1]), int(gate[2]))
+    assert len(gates) == 2 * rounds, sorted(gates)
+    for i, (epoch, rid) in enumerate(sequence):
+        before = None if i < 2 else divmod(i - 2, rounds)
+        assert gates[(epoch, rid)] == before, (epoch, rid, gates[(epoch, rid)], before)

@@ -304,7 +304,8 @@ EPOCHS = int(math.ceil(float(config["train"]["epochs"])))
 ROUND_ORDER = [
     round_order(ROUNDS, e, int(config["train"]["seed"])) for e in range(EPOCHS)
 ]
-EXTRACT_DROP = ("disk_budget",)  # a budget changes rounds, never the bytes of a shard
+# the budget and the rounds in flight change the rounds, never the bytes of a shard
+EXTRACT_DROP = ("disk_budget", "rounds_in_flight")
 
 
 # Training in rounds (workflow/rules/rounds.smk)
@@ -333,20 +334,21 @@ def get_answers(wildcards):
     return answers_path(wildcards.shard)
 
 
-def previous_position(epoch, pos):
-    """The (epoch, position) trained just before, or None for the first."""
-    if pos > 0:
-        return epoch, pos - 1
-    return (epoch - 1, ROUNDS - 1) if epoch > 0 else None
+def position_before(epoch, pos, steps):
+    """The (epoch, position) trained `steps` places before this one, or None before the first."""
+    index = epoch * ROUNDS + pos - steps
+    return None if index < 0 else divmod(index, ROUNDS)
 
 
 def get_round_gate(wildcards):
-    """A round's extraction waits until the round before it has trained (and its states were deleted)."""
+    """A round's extraction waits until the round extract.rounds_in_flight places before it has trained (and
+    its states were deleted), so no more than that many rounds are on disk at once."""
     epoch = int(wildcards.epoch)
-    prev = previous_position(epoch, ROUND_ORDER[epoch].index(int(wildcards.round)))
-    if prev is None:
+    pos = ROUND_ORDER[epoch].index(int(wildcards.round))
+    gate = position_before(epoch, pos, int(config["extract"]["rounds_in_flight"]))
+    if gate is None:
         return {}
-    return {"gate": f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/record.json"}
+    return {"gate": f"{RESULTS}/rounds/e{gate[0]}/p{gate[1]}/record.json"}
 
 
 def get_round_input(wildcards):
@@ -361,7 +363,7 @@ def get_round_input(wildcards):
         ),
         "answers": [answers_path(s) for s in SHARDS],
     }
-    prev = previous_position(epoch, pos)
+    prev = position_before(epoch, pos, 1)
     if prev is not None:
         out["state"] = f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/state.pt"
     return out
