@@ -76,6 +76,17 @@ for phase in "$@"; do
                 --nolock "$@" >> $LOG 2>&1
         }
         echo "{}" > /tmp/study/recipe.yaml  # the preset's recipe, unless the sweep runs and finds a better one
+        if [ "${STUDY_ROUNDS:-0}" = 1 ]; then  # issue 34: the largest size in rounds, the states' peak sampled
+            (peak=0; while sleep 1; do
+                now=$(find $R/rounds -name '*.safetensors' -printf '%b\n' 2>/dev/null | awk '{s += $1 * 512} END {print s + 0}')
+                [ "$now" -gt "$peak" ] && peak=$now && echo $peak > /tmp/study/peak
+            done) &
+            PEAK=$!
+            study rounds --configfile $CFG configs/study-smollm2-rounds.yaml ${STUDY_EXTRA:-} --keep-going
+            echo "study exit $?" >> $LOG
+            kill $MONITOR $PEAK 2>/dev/null; date +%T > /tmp/study/done
+            exit 0
+        fi
         study data dataset --configfile $CFG && {
             # STUDY_SWEEP=1: the recipe's knobs on SWEEP_SAMPLES prompts, each variant at about the base's cost (the
             # LM head over anchors x block predictions dominates a step), three at a time; the best held-out tau's
@@ -101,14 +112,16 @@ for phase in "$@"; do
         [ -f /tmp/study/bg.log ] || { echo "no study on this machine (a fresh one: the last went back); run study_start"; exit 3; }
         END=$(watch_end ${WATCH_S:-560})
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
-            sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6"
+            sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6 | rounds trained: $(ls $R/rounds/e*/p*/record.json 2>/dev/null | wc -l), states' peak $(cat /tmp/study/peak 2>/dev/null) B"
         done
         [ -f /tmp/study/done ] && echo "finished $(cat /tmp/study/done)"
         grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
         grep -l -i -E "traceback" $R/logs/*.log $R/logs/*/*.log $R/logs/*/*/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
         cp /tmp/study/*.log /tmp/study/*.json "$OUT/" 2>/dev/null
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
-            --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' $R 2>/dev/null
+            --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' \
+            --exclude='*.jsonl' $R 2>/dev/null
+        cp $R/rates.json $R/plan.json $R/plan/measured.md "$OUT/" 2>/dev/null
         tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
         cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
         cat /tmp/study/sweep.log 2>/dev/null | tail -12; cat /tmp/study/recipe.yaml 2>/dev/null

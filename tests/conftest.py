@@ -212,6 +212,7 @@ def make_workflow(root: Path, tokenizer, records: int = 24, **sections) -> Path:
             "regenerate": {"enabled": True, "checks": {"enabled": False}},
         },  # fmt: skip
         "bench": {"datasets": [{"name": "tiny", "path": str(root / "prompts.jsonl")}]},
+        "plan": {"rates": "table"},  # timing the node is tests/workflow/test_rounds.py's
         **sections,
     }
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))

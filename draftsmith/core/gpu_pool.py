@@ -232,3 +232,12 @@ def acquire(
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
             else:
                 os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+def copies_sharing_a_gpu(probe: dict) -> int:
+    """Copies of a target that run at once on one GPU: the slots DRAFTSMITH_GPUS lists it for (jobs of a small
+    target share it that way); one where a copy spans a group of GPUs or there is no GPU. The rates job times
+    that many copies together, as the jobs will run."""
+    if int(probe.get("gpus_per_copy", 0)) != 1:
+        return 1
+    return max([int(g.get("slots", 1)) for g in probe.get("gpus", [])] or [1])

@@ -4,21 +4,18 @@ plan`, and by the plan rule, which writes RESULTS/plan.json once the data is pre
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 from pathlib import Path
 
-import yaml
-
 from draftsmith.core.units import human, parse_size
 from draftsmith.plan.data import DataSize, estimate, measured
+from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_hours
 from draftsmith.plan.memory import memory_plan, memory_rows
 from draftsmith.plan.rounds import rounds_needed
-from draftsmith.plan.sizes import drafter_params, token_bytes, training_bytes
+from draftsmith.plan.sizes import drafter_params, target_params, token_bytes, training_bytes
 
-RATES = Path(__file__).with_name("rates.yaml")
 SHAPES = Path(__file__).resolve().parents[2] / "configs" / "shapes"  # real targets' text shapes
 PINNED = "plan/rounds.json"  # under RESULTS: the rounds decided for this budget setting, kept across parses
 STATE_DIRS = ("extract", "rounds")  # under RESULTS: where this run's hidden states lie
@@ -26,23 +23,6 @@ STATE_DIRS = ("extract", "rounds")  # under RESULTS: where this run's hidden sta
 
 class PlanError(ValueError):
     """A run that cannot fit: the message gives the numbers and the options."""
-
-
-@functools.cache
-def rate_table() -> dict:
-    return yaml.safe_load(RATES.read_text())
-
-
-def gpu_class(name: str | None) -> dict:
-    """The rates of the GPU class whose name `name` contains (the CPU's without a GPU; the H200's, marked as
-    another class's, for a GPU not in the table)."""
-    classes = rate_table()["classes"]
-    if not name:
-        return next(c for c in classes if c["name"] == "CPU")
-    for c in classes:
-        if any(m.lower() in name.lower() for m in c["match"]):
-            return c
-    return {**classes[0], "name": f"{name} (rates of the {classes[0]['name']})"}
 
 
 def target_shape(config: dict) -> tuple[dict | None, str]:
@@ -66,14 +46,6 @@ def target_shape(config: dict) -> tuple[dict | None, str]:
                 return shape, f"configs/shapes/{shape_file.name}, which matches target.expect"
         return dict(expect), "target.expect"
     return None, "unknown before the target is fetched (set target.expect)"
-
-
-def target_params(shape: dict) -> float:
-    """Parameters of a decoder-only target from its shape (12 L H^2 for the body, the embedding and head)."""
-    hidden, layers = int(shape["hidden_size"]), int(shape["num_hidden_layers"])
-    inter = int(shape.get("intermediate_size") or 4 * hidden)
-    vocab = int(shape.get("vocab_size") or 32000)
-    return layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * vocab * hidden
 
 
 def tap_count(config: dict, shape: dict) -> int:
@@ -284,16 +256,13 @@ def make_plan(
     )
     plan["epochs"], plan["in_flight"] = config["train"]["epochs"], int(config["extract"]["rounds_in_flight"])
     plan["extraction_passes"] = 1 if plan["rounds"] == 1 else int(math.ceil(float(config["train"]["epochs"])))
-    plan["stages"] = stage_hours(
-        config,
-        size,
-        shape,
-        params,
-        gpu_name=gpu_name,
-        gpus=gpus,
-        passes=plan["extraction_passes"],
-        bench_prompts=bench_prompts,
-    )
+    passes, timed = plan["extraction_passes"], node_rates(config)
+    if timed:
+        plan["stages"] = timed_hours(config, size, timed, gpus=gpus, passes=passes, rounds=plan["rounds"],
+                                     base_shards=base_shards, bench_prompts=bench_prompts)  # fmt: skip
+    else:
+        plan["stages"] = table_hours(config, size, shape, params, gpu_name=gpu_name, gpus=gpus, passes=passes,
+                                     bench_prompts=bench_prompts)  # fmt: skip
     plan["gpus"], plan["gpu_class"] = gpus, gpu_class(gpu_name)["name"]
     plan["memory"] = memory_plan(
         config,
@@ -342,69 +311,6 @@ def disk_note(config: dict, plan: dict) -> None:
             f"produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
             f"{1 - rate / need:.0%} of the time). Put `results` on a faster disk, or use extract.storage: fp8"
         )
-
-
-def _rate(cls: dict, key: str, scale: float) -> tuple[float, str]:
-    entry = cls[key]
-    return float(entry["value"]) * scale, f"{cls['name']}: {entry['source']}"
-
-
-def stage_hours(
-    config: dict,
-    size: DataSize,
-    shape: dict,
-    params: int,
-    *,
-    gpu_name: str | None,
-    gpus: int,
-    passes: int,
-    bench_prompts: int | None,
-) -> dict:
-    """GPU-hours of each stage (summed over GPUs), from the class's rates scaled to this target and drafter,
-    with the GPUs each stage spreads over (every GPU, or train.gpus for training)."""
-    cls, ref = gpu_class(gpu_name), rate_table()["reference"]
-    tscale = float(ref["target_params"]) / target_params(shape)
-    dscale = float(ref["drafter_params"]) / max(1, params)
-    n, epochs, every = size.samples, float(config["train"]["epochs"]), max(1, gpus)
-    trainers = max(1, min(int(config["train"]["gpus"]), gpus))
-
-    def stage(seconds: float, key: str, scale: float, unit: str, note: str = "", on: int = every) -> dict:
-        rate, src = _rate(cls, key, scale)
-        return {
-            "gpu_hours": seconds / rate / 3600,
-            "rate": rate,
-            "unit": unit,
-            "source": note + src,
-            "gpus": on,
-        }
-
-    out: dict = {}
-    if config["data"]["regenerate"]["enabled"]:  # decoding, and the prompts' prefill at the forward's rate
-        out["regeneration"] = stage(n * size.answer_tokens, "regenerate_new_tokens_s", tscale, "new tokens/s")
-        out["regeneration"]["gpu_hours"] += stage(n * size.prompt_tokens, "extract_tokens_s", tscale, "")[
-            "gpu_hours"
-        ]
-    out["extract per epoch"] = stage(n * size.tokens_bound, "extract_tokens_s", tscale, "tokens/s")
-    out["extract, all passes"] = stage(
-        n * size.tokens_bound * passes, "extract_tokens_s", tscale, "tokens/s", f"{passes} pass(es); "
-    )
-    trained = n * (1 - float(config["train"]["heldout_fraction"])) * size.tokens_bound
-    out["train per epoch"] = stage(trained, "train_tokens_s", dscale, "tokens/s", on=trainers)
-    out["train, all epochs"] = stage(
-        trained * epochs, "train_tokens_s", dscale, "tokens/s", f"{epochs:g} epochs; ", trainers
-    )
-    bench = config["bench"]
-    tree = "ddtree" in bench["methods"]
-    decodes = max(1, len(bench["methods"]) - tree + len(bench["ddtree_budgets"]) * tree)
-    prompts = bench_prompts or 0
-    out["bench"] = stage(
-        prompts * int(bench["max_new_tokens"]) * decodes,
-        "bench_tokens_s",
-        tscale,
-        "tokens/s",
-        f"{prompts} prompts; ",
-    )
-    return out
 
 
 def render(plan: dict) -> str:

@@ -43,3 +43,11 @@ def training_bytes(params: int, *, checkpoints: bool, rounds: int) -> int:
     if rounds > 1:
         per_param += CHECKPOINT_BYTES_PER_PARAM * ROUND_STATES_KEPT
     return params * per_param
+
+
+def target_params(shape: dict) -> float:
+    """Parameters of a decoder-only target from its shape (12 L H^2 for the body, the embedding and head)."""
+    hidden, layers = int(shape["hidden_size"]), int(shape["num_hidden_layers"])
+    inter = int(shape.get("intermediate_size") or 4 * hidden)
+    vocab = int(shape.get("vocab_size") or 32000)
+    return layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * vocab * hidden

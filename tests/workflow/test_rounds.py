@@ -83,6 +83,7 @@ def rounds_run(tmp_path_factory, tokenizer) -> dict:
               "regenerate": {"enabled": True, "max_new_tokens": 64, "checks": {"enabled": False}}},  # fmt: skip
         drafter={"num_layers": 1, "block_size": 4},
         train={"epochs": 2, "anchors_per_seq": 8, "token_budget": 512},
+        plan={"rates": "node"},
         bench={
             "datasets": [{"name": "tiny", "path": str(root / "prompts.jsonl")}],
             "max_new_tokens": 8,
@@ -228,7 +229,7 @@ def test_a_changed_budget_keeps_or_replans_the_rounds(rounds_run):
     same = job_counts(
         snakemake("-n", *_changed(rounds_run, "same.yaml", extract={"disk_budget": "250KB"})).stdout
     )
-    assert set(same) <= {"plan", "all"}, same
+    assert set(same) <= {"plan", "plan_check", "all"}, same
     more = snakemake("-n", *_changed(rounds_run, "more.yaml", extract={"disk_budget": "200KB"}))
     counts = job_counts(more.stdout)
     assert counts["train_round"] > 6 and not UPSTREAM & set(counts), counts
@@ -260,3 +261,20 @@ def test_rounds_in_flight_gate_extraction_two_places_back(rounds_run):
     for i, (epoch, rid) in enumerate(sequence):
         before = None if i < 2 else divmod(i - 2, rounds)
         assert gates[(epoch, rid)] == before, (epoch, rid, gates[(epoch, rid)], before)
+
+
+def test_the_plan_is_timed_on_this_node_and_checked_against_the_run(rounds_run):
+    """The rates job timed this machine; the plan's GPU-hours come from it, and the plan's check reads every
+    GPU job's benchmark file, stage by stage."""
+    res = rounds_run["res"]
+    timed = json.loads((res / "rates.json").read_text())["rates"]
+    for key in ("extract_tokens_s", "regenerate_new_tokens_s", "bench_tokens_s", "load_s", "start_s"):
+        assert timed[key] > 0, (key, timed)
+    assert timed["train_s_per_sample"] + timed["train_s_per_step"] > 0, timed
+    plan = json.loads((res / "plan.json").read_text())
+    assert all("timed on this node" in s["source"] for s in plan["stages"].values()), plan["stages"]
+    assert plan["stages"]["extract, all passes"]["fixed_hours"] > 0  # 14 extraction and 14 validation jobs
+    rows = {r["stage"]: r for r in json.loads((res / "plan/measured.json").read_text())["rows"]}
+    assert set(rows) == {"regeneration", "extraction", "training", "bench"}, rows
+    assert rows["extraction"]["jobs"] == 2 * (3 * 2 * 2 + 2) and rows["training"]["jobs"] == 7, rows
+    assert all(r["gpu_hours"] > 0 and r["planned"] > 0 and r["measured_over_planned"] > 0 for r in rows.values())

@@ -192,7 +192,7 @@ OTHER_VALUES = {
               "temperature": 0.5, "methods": ["ar", "dflash"], "real_loop": False, "thinking": True, "warmup": 0,
               "fp32_check_prompts": 1, "thinking_unlike_data": True},
 }  # fmt: skip
-DOWNSTREAM = {"mask_check", "plan", "train", "export", "bench", "report", "all"}  # plan: seconds, no GPU
+DOWNSTREAM = {"mask_check", "plan", "rates", "train", "export", "bench", "report", "plan_check", "all"}  # no data
 
 
 def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: Path, env: dict) -> None:
@@ -213,10 +213,10 @@ def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: P
             assert planned and planned <= DOWNSTREAM, (f"{section}.{key}", planned - DOWNSTREAM)
             rerun = "bench" if section == "bench" else "train"  # and the change reaches the job that reads it
             assert rerun in planned, (f"{section}.{key}", planned)
-    # the GPU memory cap changes no result: only the plan's page is written again
+    # the GPU memory cap changes no result: only the plan's pages are written again
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump({**cfg, "gpu_memory": "60GiB"}))
     out = snakemake("all", "-n", "--configfile", str(tmp_path / "changed.yaml"), env=env).stdout
-    assert set(job_counts(out)) <= {"plan", "all"}, job_counts(out)
+    assert set(job_counts(out)) <= {"plan", "plan_check", "all"}, job_counts(out)
 
 
 @pytest.mark.parametrize(

@@ -75,12 +75,16 @@ wildcard_constraints:
     fetched=r"[0-9a-f]{8}-[^/]+",
 
 
-def as_json(section, drop=()):
+def as_json(section, drop=(), keep=None):
     """A config section as one shell word: scripts read their settings from --x-json arguments. Keys a job
-    does not use are dropped, so changing them does not rerun it. The answer checks reach the jobs through
+    does not use are dropped (or only `keep` kept), so changing them does not rerun it. The answer checks reach the jobs through
     their environment (below), so a threshold changed after a shard stopped reruns no shard that passed.
     """
-    values = {k: v for k, v in config[section].items() if k not in drop}
+    values = {
+        k: v
+        for k, v in config[section].items()
+        if k not in drop and (keep is None or k in keep)
+    }
     if section == "data":
         values["regenerate"] = {
             k: v for k, v in values["regenerate"].items() if k != "checks"
@@ -158,6 +162,20 @@ def probe_value(path, key):
 
 def extract_gpus(wildcards, input):
     return probe_value(input.probe, "gpus_per_copy")
+
+
+def rates_gpus():
+    """The rates job holds every GPU slot of the node, so that no job shares a GPU with its timing (it times
+    the copies that will share one GPU, on that GPU); its priority starts it before the data jobs.
+    """
+    return NODE_GPUS
+
+
+def get_plan_rates(wildcards):
+    """The node's timed rates, where plan.rates is `node`: the plan is made from them."""
+    return (
+        {"rates": f"{RESULTS}/rates.json"} if config["plan"]["rates"] == "node" else {}
+    )
 
 
 def cpu_threads():
@@ -383,6 +401,54 @@ def plan_config():
     """The config as the plan job reads it: not the study's sizes nor the demo's settings, which do not change
     the plan (a study trains on the same data)."""
     return {k: v for k, v in config.items() if k not in ("study", "demo")}
+
+
+def benchmark_files():
+    """Each GPU stage's benchmark files in this DAG, with the slots each job holds (the plan's check)."""
+    b, slots = f"{RESULTS}/benchmarks", 1 if NODE_GPUS else 0
+    trainer = max(1, train_gpus())
+    copy = lambda paths: [[p, slots or 1] for p in paths]
+    if ROUNDS == 1:
+        key = (
+            "regeneration and extraction"
+            if config["data"]["regenerate"]["enabled"]
+            else "extraction"
+        )
+        stages = {
+            key: copy(
+                f"{b}/{step}/{s}.tsv"
+                for step in ("extract", "validate")
+                for s in SHARDS
+            ),
+            "training": [[f"{b}/train.tsv", trainer]],
+        }
+    else:
+        pieces = [
+            f"{b}/rounds/e{e}/{step}/{s}.r{r}.tsv"
+            for e in range(EPOCHS)
+            for r in range(ROUNDS)
+            for step in ("extract", "validate")
+            for s in SHARDS
+        ]
+        pieces += [
+            f"{b}/rounds/heldout/{step}/{s}.tsv"
+            for step in ("extract", "validate")
+            for s in SHARDS
+        ]
+        stages = {
+            "regeneration": copy(f"{b}/regenerate/{s}.tsv" for s in SHARDS),
+            "extraction": copy(pieces),
+            "training": [
+                [f"{b}/rounds/e{e}/p{p}/train.tsv", trainer]
+                for e in range(EPOCHS)
+                for p in range(ROUNDS)
+            ]
+            + [[f"{b}/train.tsv", 1]],
+        }
+    stages["bench"] = copy(
+        f"{b}/bench/{d}.{p}.tsv" for d in BENCH_DATASETS for p in range(BENCH_PARTS)
+    )
+    return shlex.quote(json.dumps(stages))
 
 
 def get_answer_stats(wildcards):

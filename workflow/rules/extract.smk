@@ -140,6 +140,8 @@ rule validate:
         report=f"{RESULTS}/validate/{{shard}}.json",
     log:
         f"{RESULTS}/logs/validate/{{shard}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/validate/{{shard}}.tsv"
     conda:
         "../../envs/gpu.yaml"
     threads: cpu_threads()

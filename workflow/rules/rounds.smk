@@ -78,6 +78,8 @@ use rule validate as validate_round with:
         report=f"{RESULTS}/rounds/e{{epoch}}/{{shard}}.r{{round}}.valid.json",
     log:
         f"{RESULTS}/logs/rounds/e{{epoch}}/validate/{{shard}}.r{{round}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/rounds/e{{epoch}}/validate/{{shard}}.r{{round}}.tsv"
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
@@ -135,6 +137,8 @@ use rule validate as validate_heldout with:
         report=f"{RESULTS}/rounds/heldout/{{shard}}.valid.json",
     log:
         f"{RESULTS}/logs/rounds/heldout/validate/{{shard}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/rounds/heldout/validate/{{shard}}.tsv"
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
@@ -213,6 +217,8 @@ rule train:
         ),
     log:
         f"{RESULTS}/logs/train.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train.tsv"
     conda:
         "../../envs/draftsmith.yaml"
     threads: train_threads()

@@ -1,0 +1,211 @@
+"""GPU-hours of each stage of a run, from this node's timed rates (RESULTS/rates.json, made by the rates job)
+or from the rates table (rates.yaml) scaled to the target. A job on a GPU that several slots share counts its
+share of the GPU, so the hours are what the stage takes of the node either way."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+from draftsmith.plan.data import DataSize
+from draftsmith.plan.sizes import target_params
+
+RATES = Path(__file__).with_name("rates.yaml")
+TIMED = "rates.json"  # under RESULTS: the rates job's figures
+
+
+@functools.cache
+def rate_table() -> dict:
+    return yaml.safe_load(RATES.read_text())
+
+
+def gpu_class(name: str | None) -> dict:
+    """The rates of the GPU class whose name `name` contains (the CPU's without a GPU; the H200's, marked as
+    another class's, for a GPU not in the table)."""
+    classes = rate_table()["classes"]
+    if not name:
+        return next(c for c in classes if c["name"] == "CPU")
+    for c in classes:
+        if any(m.lower() in name.lower() for m in c["match"]):
+            return c
+    return {**classes[0], "name": f"{name} (rates of the {classes[0]['name']})"}
+
+
+def node_rates(config: dict) -> dict | None:
+    """The rates job's figures, where plan.rates is `node` and it has run."""
+    if config.get("plan", {}).get("rates", "node") != "node":
+        return None
+    try:
+        return json.loads((Path(config["results"]) / TIMED).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def job_counts(config: dict, *, rounds: int, passes: int, base_shards: int, slots: int) -> dict:
+    """Jobs of each stage: each pays its start-up (and the target's loading) once."""
+    extract = base_shards if rounds == 1 else base_shards * (rounds * passes + 1)  # + the held-out pieces
+    parts = config["bench"]["parts"]
+    datasets = len(config["bench"]["datasets"]) or 1
+    return {
+        "regeneration": base_shards if rounds > 1 else 0,  # in one round, the extraction jobs regenerate
+        "extraction": extract,
+        "validation": extract,
+        "training": 1 if rounds == 1 else rounds * passes + 1,  # + the held-out evaluation
+        "bench": datasets * (max(1, slots) if parts == "auto" else int(parts)),
+    }
+
+
+def bench_decodes(bench: dict) -> int:
+    """Decodes a bench prompt costs: its greedy reference, and a real loop per method where they run."""
+    runs = ("dflash" in bench["methods"]) + len(bench["ddtree_budgets"]) * ("ddtree" in bench["methods"])
+    return 1 + (runs if bench["real_loop"] else 0)
+
+
+def _work(config: dict, size: DataSize, *, passes: int, bench_prompts: int | None) -> dict:
+    """What each stage computes: tokens (and samples and steps for training)."""
+    n, epochs = size.samples, float(config["train"]["epochs"])
+    trained = n * (1 - float(config["train"]["heldout_fraction"]))
+    bench = config["bench"]
+    return {
+        "new": n * size.answer_tokens,
+        "prompt": n * size.prompt_tokens,
+        "epoch": n * size.tokens_bound,
+        "passes": passes,
+        "trained_samples": trained,
+        "trained_tokens": trained * size.tokens_bound,
+        "epochs": epochs,
+        "bench_prompts": bench_prompts or 0,
+        "bench_tokens": (bench_prompts or 0) * int(bench["max_new_tokens"]) * bench_decodes(bench),
+    }
+
+
+def _row(seconds: float, rate: float, unit: str, source: str, gpus: int, fixed: float = 0.0) -> dict:
+    return {
+        "gpu_hours": (seconds + fixed) / 3600,
+        "fixed_hours": fixed / 3600,
+        "rate": rate,
+        "unit": unit,
+        "source": source,
+        "gpus": gpus,
+    }
+
+
+def table_hours(
+    config: dict,
+    size: DataSize,
+    shape: dict,
+    params: int,
+    *,
+    gpu_name: str | None,
+    gpus: int,
+    passes: int,
+    bench_prompts: int | None,
+) -> dict:
+    """GPU-hours from the class's rates scaled to this target and drafter by parameter count."""
+    cls, ref = gpu_class(gpu_name), rate_table()["reference"]
+    tscale = float(ref["target_params"]) / target_params(shape)
+    dscale = float(ref["drafter_params"]) / max(1, params)
+    w, every = _work(config, size, passes=passes, bench_prompts=bench_prompts), max(1, gpus)
+    trainers = max(1, min(int(config["train"]["gpus"]), gpus))
+
+    def rate(key: str, scale: float) -> tuple[float, str]:
+        return float(cls[key]["value"]) * scale, f"{cls['name']}: {cls[key]['source']}"
+
+    (regen, rsrc), (ext, esrc) = rate("regenerate_new_tokens_s", tscale), rate("extract_tokens_s", tscale)
+    (trn, tsrc), (bch, bsrc) = rate("train_tokens_s", dscale), rate("bench_tokens_s", tscale)
+    out: dict = {}
+    if config["data"]["regenerate"]["enabled"]:  # decoding, and the prompts' prefill at the forward's rate
+        out["regeneration"] = _row(w["new"] / regen + w["prompt"] / ext, regen, "new tokens/s", rsrc, every)
+    out["extract per epoch"] = _row(w["epoch"] / ext, ext, "tokens/s", esrc, every)
+    out["extract, all passes"] = _row(
+        w["epoch"] * passes / ext, ext, "tokens/s", f"{passes} pass(es); {esrc}", every
+    )
+    out["train per epoch"] = _row(w["trained_tokens"] / trn, trn, "tokens/s", tsrc, trainers)
+    out["train, all epochs"] = _row(
+        w["trained_tokens"] * w["epochs"] / trn, trn, "tokens/s", f"{w['epochs']:g} epochs; {tsrc}", trainers
+    )
+    out["bench"] = _row(
+        w["bench_tokens"] / bch, bch, "tokens/s", f"{w['bench_prompts']} prompts; {bsrc}", every
+    )
+    return out
+
+
+def timed_hours(
+    config: dict,
+    size: DataSize,
+    timed: dict,
+    *,
+    gpus: int,
+    passes: int,
+    rounds: int,
+    base_shards: int,
+    bench_prompts: int | None,
+) -> dict:
+    """GPU-hours from this node's timed rates, each job's start-up and loading included (at a shared GPU's
+    share for a job that holds one slot of it)."""
+    r, w, every = (
+        timed["rates"],
+        _work(config, size, passes=passes, bench_prompts=bench_prompts),
+        max(1, gpus),
+    )
+    share = max(1, int(timed.get("gpus_per_copy", 1))) / max(1, int(r.get("copies", 1)))  # of a GPU, a job
+    slots = gpus or int(config["extract"]["cpu_slots"])
+    jobs = job_counts(config, rounds=rounds, passes=passes, base_shards=base_shards, slots=slots)
+    trainers = max(1, min(int(config["train"]["gpus"]), gpus))
+    target_job = r["start_s"] + r["load_s"]
+    src = f"timed on this node ({timed['device']}, {r['copies']} at once)"
+    ext = r["extract_tokens_s"]
+    out: dict = {}
+    if config["data"]["regenerate"]["enabled"]:
+        regen = r["regenerate_new_tokens_s"]
+        out["regeneration"] = _row(
+            w["new"] / regen + w["prompt"] / ext,
+            regen,
+            "new tokens/s",
+            src,
+            every,
+            jobs["regeneration"] * target_job * share,
+        )
+    out["extract per epoch"] = _row(w["epoch"] / ext, ext, "tokens/s", src, every)
+    # a validation job loads the target and recomputes samples of new shapes: an extraction job's start
+    fixed = (jobs["extraction"] + jobs["validation"]) * (target_job + r["extract_first_batch_s"]) * share
+    out["extract, all passes"] = _row(
+        w["epoch"] * passes / ext,
+        ext,
+        "tokens/s",
+        f"{passes} pass(es), {jobs['extraction']} extraction and validation jobs; {src}",
+        every,
+        fixed,
+    )
+    budget = int(config["train"]["token_budget"])
+    per_epoch = (
+        w["trained_samples"] * r["train_s_per_sample"]
+        + math.ceil(w["trained_tokens"] / budget) * r["train_s_per_step"]
+    )
+    # timed alone on one GPU (rounds train one at a time): DDP over train.gpus splits the work, and every
+    # rank pays the start-up
+    train_job = r["start_s"] + r["train_setup_s"] + r["train_first_step_s"]
+    rate = w["trained_tokens"] / max(per_epoch, 1e-9)
+    out["train per epoch"] = _row(per_epoch * share, rate, "tokens/s", src, trainers)
+    out["train, all epochs"] = _row(
+        per_epoch * w["epochs"] * share,
+        rate,
+        "tokens/s",
+        f"{w['epochs']:g} epochs, {jobs['training']} jobs; {src}",
+        trainers,
+        jobs["training"] * train_job * share * trainers,
+    )
+    bench = r["bench_tokens_s"]
+    out["bench"] = _row(
+        w["bench_tokens"] / bench,
+        bench,
+        "tokens/s",
+        f"{w['bench_prompts']} prompts, {jobs['bench']} jobs; {src}",
+        every,
+        jobs["bench"] * target_job * share,
+    )
+    return out

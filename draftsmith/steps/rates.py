@@ -1,0 +1,146 @@
+"""Time this node for the plan (`plan.rates: node`): the target's stages on as many copies at once as the jobs
+will run on one GPU (slots that share a device slow each other), the drafter's training step alone (rounds
+train one at a time), and what a job pays before its first token. Writes RESULTS/rates.json."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from draftsmith.config import section_arg
+from draftsmith.core.gpu_pool import acquire, copies_sharing_a_gpu
+from draftsmith.core.io import read_json, write_json
+from draftsmith.core.runtime import set_threads, setup_logging
+from draftsmith.plan.timing import (
+    time_bench_decode,
+    time_extraction,
+    time_regeneration,
+    time_training,
+)
+from draftsmith.target.files import resolve_target
+from draftsmith.target.load import load_configured_target
+
+EXTRACT_LENGTH = 512  # tokens a synthetic sample in the timed extraction (at most data.max_length)
+PROMPT_TOKENS = 64  # a synthetic prompt's tokens in the timed regeneration
+
+
+def process_age() -> float:
+    """Seconds since this process started (the interpreter and its imports: every job pays them)."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _target_stages(args: argparse.Namespace, devices: list[int], barrier, started: float) -> dict:
+    """One copy's timings: loading the target, then extraction, regeneration and the bench's decode, each
+    begun together with the other copies (`barrier`) so that they share the GPU as the jobs will."""
+    tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
+    ecfg, probe = section_arg(args.extract_json, "extract"), read_json(args.probe)
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    t = time.perf_counter()
+    model, tok, _ = load_configured_target(resolve_target(args.target), devices, tcfg)
+    out = {"start_s": started, "load_s": time.perf_counter() - t}
+    max_length = int(dcfg["max_length"])
+    barrier.wait()
+    out |= time_extraction(
+        model,
+        taps=probe["target"]["taps"],
+        token_budget=int(probe["token_budget"]),
+        length=min(EXTRACT_LENGTH, max_length),
+        storage=ecfg["storage"],
+    )
+    barrier.wait()
+    if dcfg["regenerate"]["enabled"]:
+        slots = int(dcfg["regenerate"]["batch_size"])
+        out |= time_regeneration(
+            model,
+            tok,
+            regen=dcfg["regenerate"],
+            slots=slots,
+            prompt=min(PROMPT_TOKENS, max_length // 2),
+            max_length=max_length,
+        )
+    barrier.wait()
+    return out | time_bench_decode(model)
+
+
+def _worker(args: argparse.Namespace, devices: list[int], barrier, queue) -> None:
+    setup_logging()
+    set_threads(args.threads)
+    queue.put(_target_stages(args, devices, barrier, process_age()))
+
+
+def _copies(args: argparse.Namespace, devices: list[int], per_copy: int) -> list[dict]:
+    """The target's timings on each copy these devices hold, all at once, in processes of their own."""
+    copies = max(1, len(devices) // per_copy) if per_copy else 1
+    if copies == 1:
+        return [_target_stages(args, devices, mp.Barrier(1), process_age())]
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(copies), ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(args, devices[i * per_copy : (i + 1) * per_copy], barrier, queue))
+        for i in range(copies)
+    ]
+    for p in procs:
+        p.start()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise SystemExit(f"rates: a timing process failed (exit {p.exitcode}); see the log above")
+    return results
+
+
+def combine(copies: list[dict], *, gpus: int) -> dict:
+    """Rates per GPU: the copies' throughputs added (they ran at once) over the GPUs they held; what a job
+    pays before its first token as the copies' mean."""
+    rates = {}
+    for key in copies[0]:
+        values = [float(c[key]) for c in copies]
+        rates[key] = sum(values) / max(1, gpus) if key.endswith("_s") and "tokens" in key else max(values)
+    rates["copies"] = len(copies)
+    return rates
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--target", required=True)
+    p.add_argument("--probe", required=True)
+    p.add_argument("--target-json", required=True)
+    p.add_argument("--data-json", required=True)
+    p.add_argument("--extract-json", required=True)
+    p.add_argument("--drafter-json", required=True)
+    p.add_argument("--train-json", required=True)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    setup_logging()
+    set_threads(args.threads)
+    probe = read_json(args.probe)
+    per_copy = int(probe["gpus_per_copy"])
+    with acquire(per_copy * copies_sharing_a_gpu(probe)) as devices:
+        copies = _copies(args, devices, per_copy)
+        rates = combine(copies, gpus=len(set(devices)) or 1)
+        dcfg = section_arg(args.data_json, "data")
+        rates |= time_training(
+            resolve_target(args.target),
+            taps=probe["target"]["taps"],
+            drafter=section_arg(args.drafter_json, "drafter"),
+            train=section_arg(args.train_json, "train"),
+            max_length=int(dcfg["max_length"]),
+        )
+    device = torch.cuda.get_device_name(0) if devices and torch.cuda.is_available() else "cpu"
+    out = {"device": device, "gpus_per_copy": per_copy, "rates": rates, "per_copy": copies}
+    logging.info("rates: %s", out)
+    write_json(args.out, out)
+
+
+if __name__ == "__main__":
+    main()

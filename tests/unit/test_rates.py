@@ -1,0 +1,44 @@
+"""The rates job on a GPU listed twice (two slots): both copies are timed at once and their throughputs added
+per GPU, and the plan reads the figures. On the CPU the rounds workflow test runs the same job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, build_target
+
+from draftsmith.config import with_defaults
+from draftsmith.plan.hours import node_rates
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="times copies sharing a GPU")
+
+
+def test_two_slots_of_one_gpu_are_timed_together(tmp_path, tokenizer):
+    target = build_target(tmp_path / "target", tokenizer, "attention", layers=8, hidden=64)
+    res = tmp_path / "results"
+    res.mkdir()
+    env = dict(os.environ, DRAFTSMITH_GPUS="0,0", DRAFTSMITH_GPU_POOL=str(tmp_path / "pool"))
+    extract = json.dumps(with_defaults("extract", {"token_budget": 4096}))
+    regen = {"enabled": True, "batch_size": 16}
+    data = json.dumps(with_defaults("data", {"max_length": 256, "regenerate": regen}))
+    subprocess.run([sys.executable, "-m", "draftsmith.steps.probe", "--target", str(target), "--extract-json",
+                    extract, "--taps-json", "{}", "--max-length", "256", "--out", str(res / "probe.json")],
+                   check=True, cwd=REPO, env=env)  # fmt: skip
+    train = json.dumps({"anchors_per_seq": 8, "token_budget": 2048, "dtype": "bf16"})
+    drafter = json.dumps({"num_layers": 1, "block_size": 4})
+    args = ["--target", str(target), "--probe", str(res / "probe.json"), "--target-json", "{}", "--data-json",
+            data, "--extract-json", extract, "--drafter-json", drafter, "--train-json", train]  # fmt: skip
+    subprocess.run([sys.executable, "-m", "draftsmith.steps.rates", *args, "--out", str(res / "rates.json")],
+                   check=True, cwd=REPO, env=env)  # fmt: skip
+    timed = node_rates({"results": str(res), "plan": {"rates": "node"}})
+    assert timed is not None and timed["rates"]["copies"] == 2 and len(timed["per_copy"]) == 2
+    per_copy = [c["extract_tokens_s"] for c in timed["per_copy"]]
+    assert timed["rates"]["extract_tokens_s"] == pytest.approx(sum(per_copy))  # one GPU: added
+    for key in ("regenerate_new_tokens_s", "bench_tokens_s", "load_s", "train_s_per_step"):
+        assert timed["rates"][key] > 0, key
+    assert timed["device"] != "cpu"

@@ -1,0 +1,22 @@
+# The plan against the run: each stage's GPU-hours from its jobs' benchmark files, beside the plan's.
+rule plan_check:
+    input:
+        plan=rules.plan.output.json,
+        probe=rules.probe.output.json,
+        report=rules.report.output.csv,
+    output:
+        json=f"{RESULTS}/plan/measured.json",
+        md=report(
+            f"{RESULTS}/plan/measured.md",
+            caption="../report/plan_check.rst",
+            category="Plan",
+        ),
+    log:
+        f"{RESULTS}/logs/plan_check.log",
+    conda:
+        "../../envs/draftsmith.yaml"
+    params:
+        files=benchmark_files(),
+    shell:
+        "python -m draftsmith.steps.plan_check --plan {input.plan} --probe {input.probe}"
+        " --files-json {params.files} --out {output.json} --md {output.md} > {log} 2>&1"
