@@ -162,8 +162,8 @@ def timed_hours(
     out: dict = {}
     if config["data"]["regenerate"]["enabled"]:
         regen = r["regenerate_new_tokens_s"]
-        out["regeneration"] = _row(
-            w["new"] / regen + w["prompt"] / ext,
+        out["regeneration"] = _row(  # timed end to end on the run's prompts: their prefill included
+            w["new"] / regen,
             regen,
             "new tokens/s",
             src,
@@ -200,8 +200,11 @@ def timed_hours(
         jobs["training"] * train_job * share * trainers,
     )
     bench = r["bench_tokens_s"]
+    # a bench answer ends at its stop token: at most as long as the answers timed, on the run's own prompts
+    cap = int(config["bench"]["max_new_tokens"])
+    ends = min(1.0, float(r.get("answer_tokens_mean", cap)) / max(1, cap))
     out["bench"] = _row(
-        w["bench_tokens"] / bench,
+        w["bench_tokens"] * ends / bench,
         bench,
         "tokens/s",
         f"{w['bench_prompts']} prompts, {jobs['bench']} jobs; {src}",

@@ -66,30 +66,32 @@ def time_extraction(model, *, taps: list[int], token_budget: int, length: int, s
     }
 
 
-def time_regeneration(model, tokenizer, *, regen: dict, slots: int, prompt: int, max_length: int) -> dict:
-    """New tokens/s of regeneration's decode as its jobs run it (the config's decoding settings, slots sized
-    to the memory), with every slot decoding to the end (no answer stops early)."""
+def time_regeneration(
+    model, tokenizer, samples: pd.DataFrame, *, regen: dict, slots: int, max_length: int
+) -> dict:
+    """New tokens/s of regeneration end to end as its jobs run it: the run's own prompts (a quarter more than
+    the slots, so that answers end raggedly and slots refill), the config's decoding settings and stop tokens,
+    slots sized to the memory; prefill included."""
     from draftsmith.dataset.regenerate import regenerate
 
-    vocab = int(model.config.get_text_config().vocab_size)
-    new = max(8, min(int(regen["max_new_tokens"]), DECODE_TOKENS, max_length - prompt - 1))
     kw = {k: regen[k] for k in ("temperature", "seed", "top_p", "sync_every", "cuda_graph", "min_refill")}
-    samples = synthetic_samples(slots, prompt + 1, prompt=prompt, vocab=vocab, seed=1)
-    regenerate(
+    take = samples.head(slots + slots // 4)
+    warm = take.head(max(1, slots // 8))
+    regenerate(model, tokenizer, warm, max_new_tokens=8, max_length=max_length, slots=slots, **kw)  # untimed
+    _, stats = regenerate(
         model,
         tokenizer,
-        samples.head(max(1, slots // 8)),
-        max_new_tokens=8,
+        take,
+        max_new_tokens=int(regen["max_new_tokens"]),
         max_length=max_length,
         slots=slots,
-        eos_ids=[],
         **kw,
-    )  # first shapes and CUDA graphs, untimed
-    _, stats = regenerate(
-        model, tokenizer, samples, max_new_tokens=new, max_length=max_length, slots=slots, eos_ids=[], **kw
     )
-    # the decode alone: the plan counts the prompts' prefill at the extraction forward's rate
-    return {"regenerate_new_tokens_s": stats.decode_tokens_per_s, "regenerate_slots": slots}
+    return {
+        "regenerate_new_tokens_s": stats.new_tokens_per_s,
+        "answer_tokens_mean": stats.new_tokens / max(1, stats.prompts),
+        "regenerate_slots": slots,
+    }
 
 
 def time_bench_decode(model) -> dict:

@@ -15,7 +15,7 @@ import torch
 
 from draftsmith.config import section_arg
 from draftsmith.core.gpu_pool import acquire, copies_sharing_a_gpu
-from draftsmith.core.io import read_json, write_json
+from draftsmith.core.io import read_json, read_samples, write_json
 from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.plan.timing import (
     time_bench_decode,
@@ -27,7 +27,6 @@ from draftsmith.target.files import resolve_target
 from draftsmith.target.load import load_configured_target
 
 EXTRACT_LENGTH = 512  # tokens a synthetic sample in the timed extraction (at most data.max_length)
-PROMPT_TOKENS = 64  # a synthetic prompt's tokens in the timed regeneration
 
 
 def process_age() -> float:
@@ -62,9 +61,9 @@ def _target_stages(args: argparse.Namespace, devices: list[int], barrier, starte
         out |= time_regeneration(
             model,
             tok,
+            read_samples(args.samples),
             regen=dcfg["regenerate"],
             slots=slots,
-            prompt=min(PROMPT_TOKENS, max_length // 2),
             max_length=max_length,
         )
     barrier.wait()
@@ -113,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--target", required=True)
     p.add_argument("--probe", required=True)
+    p.add_argument("--samples", required=True, help="a prepared shard: regeneration is timed on its prompts")
     p.add_argument("--target-json", required=True)
     p.add_argument("--data-json", required=True)
     p.add_argument("--extract-json", required=True)

@@ -14,6 +14,7 @@ from conftest import REPO, build_target
 
 from draftsmith.config import with_defaults
 from draftsmith.plan.hours import node_rates
+from draftsmith.plan.timing import synthetic_samples
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="times copies sharing a GPU")
 
@@ -31,14 +32,17 @@ def test_two_slots_of_one_gpu_are_timed_together(tmp_path, tokenizer):
                    check=True, cwd=REPO, env=env)  # fmt: skip
     train = json.dumps({"anchors_per_seq": 8, "token_budget": 2048, "dtype": "bf16"})
     drafter = json.dumps({"num_layers": 1, "block_size": 4})
-    args = ["--target", str(target), "--probe", str(res / "probe.json"), "--target-json", "{}", "--data-json",
-            data, "--extract-json", extract, "--drafter-json", drafter, "--train-json", train]  # fmt: skip
+    samples = synthetic_samples(24, 48, prompt=32, vocab=len(tokenizer))  # prompts as a prepared shard holds
+    samples.to_parquet(res / "shard000.parquet")
+    args = ["--target", str(target), "--probe", str(res / "probe.json"), "--samples",
+            str(res / "shard000.parquet"), "--target-json", "{}", "--data-json", data, "--extract-json",
+            extract, "--drafter-json", drafter, "--train-json", train]  # fmt: skip
     subprocess.run([sys.executable, "-m", "draftsmith.steps.rates", *args, "--out", str(res / "rates.json")],
                    check=True, cwd=REPO, env=env)  # fmt: skip
     timed = node_rates({"results": str(res), "plan": {"rates": "node"}})
     assert timed is not None and timed["rates"]["copies"] == 2 and len(timed["per_copy"]) == 2
     per_copy = [c["extract_tokens_s"] for c in timed["per_copy"]]
     assert timed["rates"]["extract_tokens_s"] == pytest.approx(sum(per_copy))  # one GPU: added
-    for key in ("regenerate_new_tokens_s", "bench_tokens_s", "load_s", "train_s_per_step"):
+    for key in ("regenerate_new_tokens_s", "answer_tokens_mean", "bench_tokens_s", "load_s"):
         assert timed["rates"][key] > 0, key
     assert timed["device"] != "cpu"

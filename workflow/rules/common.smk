@@ -14,7 +14,7 @@ from draftsmith.preflight import preflight, problems_message
 from draftsmith.dataset.fetch import fetched_name
 from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
 from draftsmith.dataset.answers import ENV as ANSWER_CHECKS_ENV
-from draftsmith.core.gpu_pool import gpu_names, visible_gpus
+from draftsmith.core.gpu_pool import copies_sharing_a_gpu, gpu_names, visible_gpus
 from draftsmith.plan.cli import bench_prompts, data_files, local_file
 from draftsmith.plan.plan import (
     PINNED,
@@ -164,11 +164,12 @@ def extract_gpus(wildcards, input):
     return probe_value(input.probe, "gpus_per_copy")
 
 
-def rates_gpus():
-    """The rates job holds every GPU slot of the node, so that no job shares a GPU with its timing (it times
-    the copies that will share one GPU, on that GPU); its priority starts it before the data jobs.
-    """
-    return NODE_GPUS
+def rates_gpus(wildcards, input):
+    """The rates job holds every slot of the GPU(s) it times the copies on, so that no job shares them with
+    its timing; its priority starts it before the data jobs."""
+    with open(input.probe) as f:
+        probe = json.load(f)
+    return probe["gpus_per_copy"] * copies_sharing_a_gpu(probe)
 
 
 def get_plan_rates(wildcards):

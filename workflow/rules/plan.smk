@@ -33,6 +33,7 @@ rule rates:
     input:
         unpack(target_input),
         probe=rules.probe.output.json,
+        samples=f"{RESULTS}/shards/{SHARDS[0]}.parquet",
     output:
         json=f"{RESULTS}/rates.json",
     log:
@@ -44,7 +45,7 @@ rule rates:
         "../../envs/gpu.yaml"
     threads: cpu_threads()
     resources:
-        gpu=rates_gpus(),
+        gpu=rates_gpus,
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
@@ -53,7 +54,7 @@ rule rates:
         drafter=as_json("drafter", drop=("mask_token_id",)),
         train=as_json("train", keep=("anchors_per_seq", "token_budget", "dtype")),
     shell:
-        "python -m draftsmith.steps.rates --target {params.target} --probe {input.probe}"
+        "python -m draftsmith.steps.rates --target {params.target} --probe {input.probe} --samples {input.samples}"
         " --target-json {params.tcfg} --data-json {params.dcfg} --extract-json {params.ecfg}"
         " --drafter-json {params.drafter} --train-json {params.train} --threads {threads}"
         " --out {output.json} > {log} 2>&1"
