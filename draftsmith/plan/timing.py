@@ -1,7 +1,8 @@
-"""This node's rates, timed by the rates job on synthetic data shaped like the run's: the target's extraction
-forward, its regeneration decode and its batch-1 decode (the bench), the drafter's training step, and what a
-job pays before its first token (start-up, loading the target, first shapes). The plan turns them into
-GPU-hours (docs/planning.md); the rates table is the fallback where nothing was timed."""
+"""This node's rates, timed by the rates job: the target's extraction forward (on synthetic data shaped like
+the run's), its regeneration (on the run's own prompts) and its batch-1 decode (the bench), the drafter's
+training step (on random states), and what a job pays before its first token (start-up, loading, first
+shapes). The plan turns them into GPU-hours (docs/planning.md); the rates table is the fallback where nothing
+was timed."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from draftsmith.core.runtime import sync_device
 from draftsmith.target.files import text_config
 
 EXTRACT_BATCHES = 3  # timed batches of the extraction forward, after one untimed (first shapes compile)
-DECODE_TOKENS = 128  # new tokens a timed answer: the decode's rate, not the answer length's
 BENCH_TOKENS = 48  # batch-1 greedy tokens timed (the bench's reference decode)
 TRAIN_STEPS = 4  # timed training steps a length profile, after two untimed (FlexAttention's compile)
 TRAIN_PROFILES = (0.25, 1.0)  # sample lengths as fractions of data.max_length: a step's cost splits into a
@@ -42,14 +42,16 @@ def synthetic_samples(count: int, length: int, *, prompt: int, vocab: int, seed:
     )
 
 
-def time_extraction(model, *, taps: list[int], token_budget: int, length: int, storage: str) -> dict:
-    """Tokens/s of `extract_samples` (forward, taps, copy, write), warm, and the first batch's extra
-    seconds."""
+def time_extraction(
+    model, *, taps: list[int], token_budget: int, length: int, storage: str, workdir: Path
+) -> dict:
+    """Tokens/s of `extract_samples` (forward, taps, copy, write to `workdir`, on the results disk), warm,
+    and the first batch's extra seconds."""
     from draftsmith.dataset.extract import extract_samples
 
     vocab = int(model.config.get_text_config().vocab_size)
     per_batch = max(1, token_budget // length)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         seconds = []
         for batches, name in ((1, "first"), (EXTRACT_BATCHES, "warm")):
             samples = synthetic_samples(per_batch * batches, length, prompt=length // 2, vocab=vocab)

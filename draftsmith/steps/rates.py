@@ -54,6 +54,7 @@ def _target_stages(args: argparse.Namespace, devices: list[int], barrier, starte
         token_budget=int(probe["token_budget"]),
         length=min(EXTRACT_LENGTH, max_length),
         storage=ecfg["storage"],
+        workdir=Path(args.out).parent,
     )
     barrier.wait()
     if dcfg["regenerate"]["enabled"]:

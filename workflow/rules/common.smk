@@ -405,10 +405,10 @@ def plan_config():
 
 
 def benchmark_files():
-    """Each GPU stage's benchmark files in this DAG, with the slots each job holds (the plan's check)."""
-    b, slots = f"{RESULTS}/benchmarks", 1 if NODE_GPUS else 0
-    trainer = max(1, train_gpus())
-    copy = lambda paths: [[p, slots or 1] for p in paths]
+    """Each GPU stage's benchmark files in this DAG, with the slots each job holds (the plan's check): 0 for
+    a job of the target, which holds a copy's GPUs (the probe decides how many)."""
+    b, trainer = f"{RESULTS}/benchmarks", max(1, train_gpus())
+    copy = lambda paths: [[p, 0] for p in paths]
     if ROUNDS == 1:
         key = (
             "regeneration and extraction"
