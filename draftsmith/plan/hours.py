@@ -35,14 +35,21 @@ def gpu_class(name: str | None) -> dict:
     return {**classes[0], "name": f"{name} (rates of the {classes[0]['name']})"}
 
 
-def node_rates(config: dict) -> dict | None:
-    """The rates job's figures, where plan.rates is `node` and it has run."""
+def timed_file(config: dict) -> dict | None:
+    """What the rates job wrote (its figures, or why it could not time the node), where plan.rates is `node`
+    and it has run."""
     if config.get("plan", {}).get("rates", "node") != "node":
         return None
     try:
         return json.loads((Path(config["results"]) / TIMED).read_text())
     except (OSError, ValueError):
         return None
+
+
+def node_rates(config: dict) -> dict | None:
+    """The rates job's figures, where it timed this node."""
+    timed = timed_file(config)
+    return timed if timed and "rates" in timed else None
 
 
 def job_counts(config: dict, *, rounds: int, passes: int, base_shards: int, slots: int) -> dict:

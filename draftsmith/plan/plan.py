@@ -11,7 +11,7 @@ from pathlib import Path
 
 from draftsmith.core.units import human, parse_size
 from draftsmith.plan.data import DataSize, estimate, measured
-from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_hours
+from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_file, timed_hours
 from draftsmith.plan.memory import memory_plan, memory_rows
 from draftsmith.plan.rounds import rounds_needed
 from draftsmith.plan.sizes import drafter_params, target_params, token_bytes, training_bytes
@@ -257,6 +257,10 @@ def make_plan(
     plan["epochs"], plan["in_flight"] = config["train"]["epochs"], int(config["extract"]["rounds_in_flight"])
     plan["extraction_passes"] = 1 if plan["rounds"] == 1 else int(math.ceil(float(config["train"]["epochs"])))
     passes, timed = plan["extraction_passes"], node_rates(config)
+    if (failed := timed_file(config)) and "error" in failed:
+        plan["notes"].append(
+            f"the rates job could not time this node ({failed['error']}): GPU-hours from the table"
+        )
     if timed:
         plan["stages"] = timed_hours(config, size, timed, gpus=gpus, passes=passes, rounds=plan["rounds"],
                                      base_shards=base_shards, bench_prompts=bench_prompts)  # fmt: skip

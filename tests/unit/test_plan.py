@@ -186,3 +186,35 @@ def test_writers_started_together_never_die_mid_write(small_disk):
             w.write_sample(i, torch.ones(100, width, dtype=torch.bfloat16), torch.zeros(100), torch.ones(100))
         w.close()
     assert sorted(p.name for p in small_disk.iterdir()) == sorted(f"s{k}.safetensors" for k in writers)
+
+
+def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
+    """With RESULTS/rates.json from the rates job the GPU-hours come from it, a cost a job included; a rates
+    job that could not time the node leaves the table's rates and a note naming why."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "word " * 50}) + "\n" for i in range(1000)))
+    res = tmp_path / "res"
+    res.mkdir()
+    over = tmp_path / "over.yaml"
+    over.write_text(
+        f"results: {res}\ndata: {{path: {data}}}\nbench: {{datasets: [{{name: b, path: {data}}}]}}\n"
+    )
+    cmd = [sys.executable, "-m", "draftsmith", "plan", "--configfile", "configs/qwen3.6-27b.yaml", str(over)]
+    cmd += ["--gpus", "8", "--gpu", "NVIDIA H200", "--free", "8TB", "--json"]
+    (res / "rates.json").write_text(json.dumps({"device": "NVIDIA H200", "error": "OutOfMemoryError: 2 GiB"}))
+    plan = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    assert any("could not time this node (OutOfMemoryError" in n for n in plan["notes"]), plan["notes"]
+    assert "H200: measured" in plan["stages"]["regeneration"]["source"]
+    rates = {"start_s": 5.0, "load_s": 55.0, "extract_tokens_s": 10000.0, "extract_first_batch_s": 20.0,
+             "regenerate_new_tokens_s": 2000.0, "answer_tokens_mean": 1024.0, "bench_tokens_s": 30.0,
+             "copies": 1, "train_s_per_sample": 0.01, "train_s_per_step": 1.0, "train_setup_s": 10.0,
+             "train_first_step_s": 60.0}  # fmt: skip
+    (res / "rates.json").write_text(json.dumps({"device": "NVIDIA H200", "gpus_per_copy": 1, "rates": rates}))
+    plan = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    stages = plan["stages"]
+    assert all("timed on this node (NVIDIA H200, 1 at once)" in s["source"] for s in stages.values())
+    regen = stages["regeneration"]
+    jobs = 8 * 4  # one round: the extraction jobs regenerate, each of 8 GPUs x 4 shards pays its start once
+    assert regen["gpu_hours"] == pytest.approx(1000 * 2048 / 2000 / 3600) and regen["fixed_hours"] == 0
+    assert stages["extract, all passes"]["fixed_hours"] == pytest.approx(2 * jobs * (5 + 55 + 20) / 3600)
+    assert stages["train, all epochs"]["fixed_hours"] == pytest.approx(8 * (5 + 10 + 60) / 3600)  # 8 ranks
