@@ -10,23 +10,25 @@ import logging
 from draftsmith.core.gpu_pool import copies_sharing_a_gpu
 from draftsmith.core.io import read_json, write_json, write_text
 from draftsmith.core.runtime import setup_logging
-from draftsmith.plan.measured import compare, measured_hours, render
+from draftsmith.plan.measured import benchmark_files, compare, measured_hours, render
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--plan", required=True, help="RESULTS/plan.json")
     p.add_argument("--probe", required=True, help="RESULTS/probe.json: how many slots share a GPU")
+    p.add_argument("--benchmarks", required=True, help="RESULTS/benchmarks")
     p.add_argument(
-        "--files-json", required=True, help="stage -> [[benchmark file, slots held (0: a copy's)], ...]"
+        "--layout-json", required=True, help="the DAG's rounds, epochs, shards, trainer slots, bench"
     )
     p.add_argument("--out", required=True)
     p.add_argument("--md", required=True)
     args = p.parse_args(argv)
     setup_logging()
     plan, probe = read_json(args.plan), read_json(args.probe)
-    stages, per_copy = json.loads(args.files_json), max(1, int(probe["gpus_per_copy"]))
-    files = {stage: [(str(f), float(n) or per_copy) for f, n in jobs] for stage, jobs in stages.items()}
+    per_copy = max(1, int(probe["gpus_per_copy"]))  # a target job's slots
+    stages = benchmark_files(args.benchmarks, json.loads(args.layout_json))
+    files = {stage: [(f, n or per_copy) for f, n in jobs] for stage, jobs in stages.items()}
     rows = compare(plan, measured_hours(files, slots_a_gpu=copies_sharing_a_gpu(probe)))
     source = next((s["source"] for s in plan.get("stages", {}).values()), "none: the plan had no data")
     table = render(rows, source=source)

@@ -77,8 +77,9 @@ wildcard_constraints:
 
 def as_json(section, drop=(), keep=None):
     """A config section as one shell word: scripts read their settings from --x-json arguments. Keys a job
-    does not use are dropped (or only `keep` kept), so changing them does not rerun it. The answer checks reach the jobs through
-    their environment (below), so a threshold changed after a shard stopped reruns no shard that passed.
+    does not use are dropped (or only those in `keep` kept), so changing them does not rerun it. The answer
+    checks reach the jobs through their environment (below), so a threshold changed after a shard stopped
+    reruns no shard that passed.
     """
     values = {
         k: v
@@ -404,52 +405,17 @@ def plan_config():
     return {k: v for k, v in config.items() if k not in ("study", "demo")}
 
 
-def benchmark_files():
-    """Each GPU stage's benchmark files in this DAG, with the slots each job holds (the plan's check): 0 for
-    a job of the target, which holds a copy's GPUs (the probe decides how many)."""
-    b, trainer = f"{RESULTS}/benchmarks", max(1, train_gpus())
-    copy = lambda paths: [[p, 0] for p in paths]
-    if ROUNDS == 1:
-        key = (
-            "regeneration and extraction"
-            if config["data"]["regenerate"]["enabled"]
-            else "extraction"
-        )
-        stages = {
-            key: copy(
-                f"{b}/{step}/{s}.tsv"
-                for step in ("extract", "validate")
-                for s in SHARDS
-            ),
-            "training": [[f"{b}/train.tsv", trainer]],
-        }
-    else:
-        pieces = [
-            f"{b}/rounds/e{e}/{step}/{s}.r{r}.tsv"
-            for e in range(EPOCHS)
-            for r in range(ROUNDS)
-            for step in ("extract", "validate")
-            for s in SHARDS
-        ]
-        pieces += [
-            f"{b}/rounds/heldout/{step}/{s}.tsv"
-            for step in ("extract", "validate")
-            for s in SHARDS
-        ]
-        stages = {
-            "regeneration": copy(f"{b}/regenerate/{s}.tsv" for s in SHARDS),
-            "extraction": copy(pieces),
-            "training": [
-                [f"{b}/rounds/e{e}/p{p}/train.tsv", trainer]
-                for e in range(EPOCHS)
-                for p in range(ROUNDS)
-            ]
-            + [[f"{b}/train.tsv", 1]],
-        }
-    stages["bench"] = copy(
-        f"{b}/bench/{d}.{p}.tsv" for d in BENCH_DATASETS for p in range(BENCH_PARTS)
-    )
-    return shlex.quote(json.dumps(stages))
+def dag_layout():
+    """The DAG's shape, for the plan's check to find each GPU job's benchmark file."""
+    layout = {
+        "rounds": ROUNDS,
+        "epochs": EPOCHS,
+        "shards": SHARDS,
+        "regenerate": bool(config["data"]["regenerate"]["enabled"]),
+        "trainer": max(1, train_gpus()),
+        "bench": [f"{d}.{p}" for d in BENCH_DATASETS for p in range(BENCH_PARTS)],
+    }
+    return shlex.quote(json.dumps(layout))
 
 
 def get_answer_stats(wildcards):

@@ -16,7 +16,9 @@ rule plan_check:
     conda:
         "../../envs/draftsmith.yaml"
     params:
-        files=benchmark_files(),
+        layout=dag_layout(),
+        benchmarks=f"{RESULTS}/benchmarks",
     shell:
         "python -m draftsmith.steps.plan_check --plan {input.plan} --probe {input.probe}"
-        " --files-json {params.files} --out {output.json} --md {output.md} > {log} 2>&1"
+        " --benchmarks {params.benchmarks} --layout-json {params.layout}"
+        " --out {output.json} --md {output.md} > {log} 2>&1"
