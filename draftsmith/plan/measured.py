@@ -3,6 +3,8 @@ file, times the GPUs it held (a slot of a GPU that several slots share counts it
 
 from __future__ import annotations
 
+import itertools
+import string
 from pathlib import Path
 
 import pandas as pd
@@ -17,32 +19,18 @@ PLANNED = {
 }
 
 
-def benchmark_files(bench_dir: str | Path, layout: dict) -> dict[str, list[tuple[str, float]]]:
-    """Each GPU stage's benchmark files in the run's DAG (`layout`: rounds, epochs, shards, whether answers
-    are regenerated, the slots a training holds, the bench's parts), with the slots each job holds: 0 for a
-    job of the target, which holds a copy's GPUs. Only this DAG's jobs: an earlier layout's files are left."""
-    b, shards, trainer = Path(bench_dir), layout["shards"], float(layout["trainer"])
-
-    def copy(paths) -> list[tuple[str, float]]:
-        return [(str(b / p), 0.0) for p in paths]
-
-    checked = [f"{step}/{s}.tsv" for step in ("extract", "validate") for s in shards]
-    if layout["rounds"] == 1:
-        key = "regeneration and extraction" if layout["regenerate"] else "extraction"
-        stages = {key: copy(checked), "training": [(str(b / "train.tsv"), trainer)]}
-    else:
-        rounds = range(layout["rounds"])
-        pieces = [f"rounds/e{e}/{step}/{s}.r{r}.tsv" for e in range(layout["epochs"]) for r in rounds
-                  for step in ("extract", "validate") for s in shards]  # fmt: skip
-        trained = [
-            (str(b / f"rounds/e{e}/p{p}/train.tsv"), trainer) for e in range(layout["epochs"]) for p in rounds
-        ]
-        stages = {
-            "regeneration": copy(f"regenerate/{s}.tsv" for s in shards),
-            "extraction": copy(pieces + [f"rounds/heldout/{c}" for c in checked]),
-            "training": trained + [(str(b / "train.tsv"), 1.0)],  # the held-out evaluation: one GPU
-        }
-    stages["bench"] = copy(f"bench/{part}.tsv" for part in layout["bench"])
+def benchmark_files(layout: dict) -> dict[str, list[tuple[str, float]]]:
+    """Each GPU stage's benchmark files in the run's DAG, with the slots each job holds (0: a copy's GPUs).
+    `layout` gives each stage's benchmark templates as the workflow's rules name them, and the values of
+    their wildcards in this DAG: only this DAG's jobs are listed, never an earlier layout's files."""
+    values = layout["values"]
+    stages: dict[str, list[tuple[str, float]]] = {}
+    for stage, templates in layout["stages"].items():
+        for template, slots in templates:
+            names = [name for _, name, _, _ in string.Formatter().parse(template) if name]
+            for combo in itertools.product(*(values[n] for n in names)):
+                path = template.format(**dict(zip(names, combo)))
+                stages.setdefault(stage, []).append((path, float(slots)))
     return stages
 
 

@@ -17,9 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--plan", required=True, help="RESULTS/plan.json")
     p.add_argument("--probe", required=True, help="RESULTS/probe.json: how many slots share a GPU")
-    p.add_argument("--benchmarks", required=True, help="RESULTS/benchmarks")
     p.add_argument(
-        "--layout-json", required=True, help="the DAG's rounds, epochs, shards, trainer slots, bench"
+        "--layout-json", required=True, help="benchmark templates by stage, their wildcards' values"
     )
     p.add_argument("--out", required=True)
     p.add_argument("--md", required=True)
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     plan, probe = read_json(args.plan), read_json(args.probe)
     per_copy = max(1, int(probe["gpus_per_copy"]))  # a target job's slots
-    stages = benchmark_files(args.benchmarks, json.loads(args.layout_json))
+    stages = benchmark_files(json.loads(args.layout_json))
     files = {stage: [(f, n or per_copy) for f, n in jobs] for stage, jobs in stages.items()}
     rows = compare(plan, measured_hours(files, slots_a_gpu=copies_sharing_a_gpu(probe)))
     source = next((s["source"] for s in plan.get("stages", {}).values()), "none: the plan had no data")

@@ -406,16 +406,49 @@ def plan_config():
 
 
 def dag_layout():
-    """The DAG's shape, for the plan's check to find each GPU job's benchmark file."""
-    layout = {
-        "rounds": ROUNDS,
-        "epochs": EPOCHS,
-        "shards": SHARDS,
-        "regenerate": bool(config["data"]["regenerate"]["enabled"]),
-        "trainer": max(1, train_gpus()),
-        "bench": [f"{d}.{p}" for d in BENCH_DATASETS for p in range(BENCH_PARTS)],
+    """Each GPU stage's benchmark files as its rules name them, with the slots a job holds (0: a copy's GPUs,
+    which the probe decides), and the values of their wildcards in this DAG: the plan's check expands them.
+    """
+    trainer = max(1, train_gpus())
+    if ROUNDS == 1:
+        key = (
+            "regeneration and extraction"
+            if config["data"]["regenerate"]["enabled"]
+            else "extraction"
+        )
+        stages = {
+            key: [
+                [str(rules.extract.benchmark), 0],
+                [str(rules.validate.benchmark), 0],
+            ],
+            "training": [[str(rules.train.benchmark), trainer]],
+        }
+    else:
+        checks = (
+            rules.extract_round,
+            rules.validate_round,
+            rules.extract_heldout,
+            rules.validate_heldout,
+        )
+        stages = {
+            "regeneration": [[str(rules.regenerate.benchmark), 0]],
+            "extraction": [[str(r.benchmark), 0] for r in checks],
+            # the final evaluation holds one GPU
+            "training": [
+                [str(rules.train_round.benchmark), trainer],
+                [str(rules.train.benchmark), 1],
+            ],
+        }
+    stages["bench"] = [[str(rules.bench.benchmark), 0]]
+    values = {
+        "shard": SHARDS,
+        "epoch": list(range(EPOCHS)),
+        "round": list(range(ROUNDS)),
+        "pos": list(range(ROUNDS)),
+        "dataset": list(BENCH_DATASETS),
+        "part": list(range(BENCH_PARTS)),
     }
-    return shlex.quote(json.dumps(layout))
+    return shlex.quote(json.dumps({"stages": stages, "values": values}))
 
 
 def get_answer_stats(wildcards):

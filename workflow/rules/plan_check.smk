@@ -16,9 +16,8 @@ rule plan_check:
     conda:
         "../../envs/draftsmith.yaml"
     params:
-        layout=dag_layout(),
-        benchmarks=f"{RESULTS}/benchmarks",
+        layout=lambda wildcards: dag_layout(),  # a function: its templates keep their {wildcards}
     shell:
         "python -m draftsmith.steps.plan_check --plan {input.plan} --probe {input.probe}"
-        " --benchmarks {params.benchmarks} --layout-json {params.layout}"
+        " --layout-json {params.layout}"
         " --out {output.json} --md {output.md} > {log} 2>&1"
