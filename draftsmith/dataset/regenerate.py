@@ -33,11 +33,9 @@ def regenerate(
     sync_every: int = 8,
     cuda_graph: bool = True,
     min_refill: int = 1,
-    eos_ids: list[int] | None = None,
 ) -> tuple[pd.DataFrame, RegenStats]:
     """Replaces each last assistant turn with the target's own answer (drafters learn the target, not the
-    data). `eos_ids`: what ends an answer, the model's and tokenizer's unless given ([] for timing: no answer
-    ends early)."""
+    data)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     prompts = [list(map(int, ids[:pl])) for ids, pl in zip(samples["input_ids"], samples["prompt_len"])]
     longest = max((len(p) for p in prompts), default=1)
@@ -52,7 +50,7 @@ def regenerate(
         model,
         slots=slots,
         max_len=max_len,
-        eos_ids=eos_ids_of(model, tokenizer) if eos_ids is None else eos_ids,
+        eos_ids=eos_ids_of(model, tokenizer),
         temperature=temperature,
         top_p=top_p,
         seed=seed,

@@ -72,7 +72,7 @@ def bench_decodes(bench: dict) -> int:
     return 1 + (runs if bench["real_loop"] else 0)
 
 
-def _work(config: dict, size: DataSize, *, passes: int, bench_prompts: int | None) -> dict:
+def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
     """What each stage computes: tokens (and samples and steps for training)."""
     n, epochs = size.samples, float(config["train"]["epochs"])
     trained = n * (1 - float(config["train"]["heldout_fraction"]))
@@ -81,7 +81,6 @@ def _work(config: dict, size: DataSize, *, passes: int, bench_prompts: int | Non
         "new": n * size.answer_tokens,
         "prompt": n * size.prompt_tokens,
         "epoch": n * size.tokens_bound,
-        "passes": passes,
         "trained_samples": trained,
         "trained_tokens": trained * size.tokens_bound,
         "epochs": epochs,
@@ -116,7 +115,7 @@ def table_hours(
     cls, ref = gpu_class(gpu_name), rate_table()["reference"]
     tscale = float(ref["target_params"]) / target_params(shape)
     dscale = float(ref["drafter_params"]) / max(1, params)
-    w, every = _work(config, size, passes=passes, bench_prompts=bench_prompts), max(1, gpus)
+    w, every = _work(config, size, bench_prompts=bench_prompts), max(1, gpus)
     trainers = max(1, min(int(config["train"]["gpus"]), gpus))
 
     def rate(key: str, scale: float) -> tuple[float, str]:
@@ -156,7 +155,7 @@ def timed_hours(
     share for a job that holds one slot of it)."""
     r, w, every = (
         timed["rates"],
-        _work(config, size, passes=passes, bench_prompts=bench_prompts),
+        _work(config, size, bench_prompts=bench_prompts),
         max(1, gpus),
     )
     share = max(1, int(timed.get("gpus_per_copy", 1))) / max(1, int(r.get("copies", 1)))  # of a GPU, a job
