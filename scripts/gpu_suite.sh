@@ -70,10 +70,11 @@ for phase in "$@"; do
         R=results/study-smollm2 CFG=configs/study-smollm2.yaml LOG=/tmp/study/snakemake.log
         (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > /tmp/study/gpu.log 2>&1 &
         MONITOR=$!
-        study() {  # one Snakemake run of the study on the six slots of GPU 0; its log appended to $LOG
+        SLOTS=${STUDY_SLOTS:-6}  # jobs GPU 0 runs at once (the rounds run takes 8: configs/study-smollm2-rounds.yaml)
+        study() {  # one Snakemake run of the study on the $SLOTS slots of GPU 0; its log appended to $LOG
             echo "stage: $1" > /tmp/study/stage; shift
-            DRAFTSMITH_GPUS=0,0,0,0,0,0 python3 -m snakemake --cores 16 --resources gpu=6 --rerun-incomplete \
-                --nolock "$@" >> $LOG 2>&1
+            DRAFTSMITH_GPUS=$(python3 -c "print(','.join(['0'] * $SLOTS))") python3 -m snakemake --cores 16 \
+                --resources gpu=$SLOTS --rerun-incomplete --nolock "$@" >> $LOG 2>&1
         }
         echo "{}" > /tmp/study/recipe.yaml  # the preset's recipe, unless the sweep runs and finds a better one
         if [ "${STUDY_ROUNDS:-0}" = 1 ]; then  # issue 34: the largest size in rounds, the states' peak sampled

@@ -77,6 +77,48 @@ def _worker(args: argparse.Namespace, devices: list[int], barrier, queue) -> Non
     queue.put(_target_stages(args, devices, barrier, process_age()))
 
 
+def _warm(args: argparse.Namespace, devices: list[int]) -> None:
+    """Compiles what the jobs compile (the extraction's kernels, the drafter's step), so that the timings
+    after it see the warm on-disk caches that every job but a run's first one sees."""
+    setup_logging()
+    set_threads(args.threads)
+    tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
+    probe = read_json(args.probe)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    model, _, _ = load_configured_target(resolve_target(args.target), devices, tcfg)
+    time_extraction(
+        model,
+        taps=probe["target"]["taps"],
+        token_budget=int(probe["token_budget"]),
+        length=min(EXTRACT_LENGTH, int(dcfg["max_length"])),
+        storage=section_arg(args.extract_json, "extract")["storage"],
+        workdir=Path(args.out).parent,
+    )
+    del model
+    _time_training(args, dcfg)
+
+
+def _time_training(args: argparse.Namespace, dcfg: dict) -> dict:
+    return time_training(
+        resolve_target(args.target),
+        taps=read_json(args.probe)["target"]["taps"],
+        drafter=section_arg(args.drafter_json, "drafter"),
+        train=section_arg(args.train_json, "train"),
+        max_length=int(dcfg["max_length"]),
+    )
+
+
+def warm_caches(args: argparse.Namespace, devices: list[int], per_copy: int) -> None:
+    """`_warm` in a process of its own on the first copy's devices (on GPUs: the CPU's figures stay cold)."""
+    if not devices:
+        return
+    proc = mp.get_context("spawn").Process(target=_warm, args=(args, devices[:per_copy]))
+    proc.start()
+    proc.join()
+    if proc.exitcode:
+        raise SystemExit(f"rates: warming the compile caches failed (exit {proc.exitcode}); see the log")
+
+
 def _copies(args: argparse.Namespace, devices: list[int], per_copy: int) -> list[dict]:
     """The target's timings on each copy these devices hold, all at once, in processes of their own."""
     copies = max(1, len(devices) // per_copy) if per_copy else 1
@@ -100,11 +142,11 @@ def _copies(args: argparse.Namespace, devices: list[int], per_copy: int) -> list
 
 def combine(copies: list[dict], *, gpus: int) -> dict:
     """Rates per GPU: the copies' throughputs added (they ran at once) over the GPUs they held; what a job
-    pays before its first token as the copies' mean."""
+    pays before its first token, and the answers' length, as the copies' mean."""
     rates = {}
     for key in copies[0]:
         values = [float(c[key]) for c in copies]
-        rates[key] = sum(values) / max(1, gpus) if key.endswith("_s") and "tokens" in key else max(values)
+        rates[key] = sum(values) / (max(1, gpus) if "tokens_s" in key else len(values))
     rates["copies"] = len(copies)
     return rates
 
@@ -130,16 +172,10 @@ def main(argv: list[str] | None = None) -> None:
     with acquire(per_copy * copies_sharing_a_gpu(probe)) as devices:
         device = torch.cuda.get_device_name(0) if devices and torch.cuda.is_available() else "cpu"
         try:
+            warm_caches(args, devices, per_copy)
             copies = _copies(args, devices, per_copy)
             rates = combine(copies, gpus=len(set(devices)) or 1)
-            dcfg = section_arg(args.data_json, "data")
-            rates |= time_training(
-                resolve_target(args.target),
-                taps=probe["target"]["taps"],
-                drafter=section_arg(args.drafter_json, "drafter"),
-                train=section_arg(args.train_json, "train"),
-                max_length=int(dcfg["max_length"]),
-            )
+            rates |= _time_training(args, section_arg(args.data_json, "data"))
         except (RuntimeError, OSError, ValueError, SystemExit) as e:  # out of memory is a RuntimeError
             # a timing is for the plan only: the run goes on, planned from the rates table, and says why
             logging.exception("rates: timing this node failed; the plan uses the rates table")

@@ -13,9 +13,17 @@ from draftsmith.target.files import resolve_target
 from draftsmith.target.mask import no_mask_message, settle_mask_token
 
 
-def settled_drafter(target: Path, drafter_json: str, target_json: str) -> dict:
-    """The drafter section with its mask token settled against the target (or a stop that names why not)."""
+def settled_drafter(
+    target: Path, drafter_json: str, target_json: str, *, mask_file: str | None = None
+) -> dict:
+    """The drafter section with its mask token settled against the target (or a stop that names why not).
+    `mask_file`: mask_check's settled id, which spares the job loading the tokenizer to settle it again (a
+    run in rounds has a training job a round, each of which would load it)."""
     drafter = section_arg(drafter_json, "drafter")
+    if mask_file is not None:
+        token = int(Path(mask_file).read_text().strip())
+        print(f"mask token {token}: settled by the mask check ({mask_file})", file=sys.stderr)
+        return {**drafter, "mask_token_id": token}
     choice = settle_mask_token(target, section_arg(target_json, "target"), drafter["mask_token_id"])
     if choice.token_id is None:
         sys.exit(f"train: {no_mask_message(choice)}")

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--drafter-json", default="{}")
     p.add_argument("--train-json", default="{}")
     p.add_argument("--target-json", default="{}")
+    p.add_argument("--mask-token", default=None, help="mask_check's settled token id (a file)")
     p.add_argument("--threads", type=int, default=None)
     a = p.parse_args(argv)
     setup_logging()
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_target(
         json.loads((target / "config.json").read_text()),
         held.taps,
-        settled_drafter(target, a.drafter_json, a.target_json),
+        settled_drafter(target, a.drafter_json, a.target_json, mask_file=a.mask_token),
     )
     model = Drafter(cfg).to(device)
     model.load_state_dict(torch.load(a.state, map_location=device, weights_only=True)["model"])

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--drafter-json", default="{}")
     p.add_argument("--train-json", default="{}")
     p.add_argument("--target-json", default="{}")
+    p.add_argument("--mask-token", default=None, help="mask_check's settled token id (a file)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--state", required=True)
     p.add_argument("--record", required=True)
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     set_threads(a.threads)
     target = resolve_target(a.target)
-    drafter = settled_drafter(target, a.drafter_json, a.target_json)
+    drafter = settled_drafter(target, a.drafter_json, a.target_json, mask_file=a.mask_token)
     tcfg = section_arg(a.train_json, "train")
     lengths = round_lengths(a.answers, section_arg(a.data_json, "data"), json.loads(a.rows_json))
     sys.exit(

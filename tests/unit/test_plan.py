@@ -218,3 +218,16 @@ def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
     assert regen["gpu_hours"] == pytest.approx(1000 * 2048 / 2000 / 3600) and regen["fixed_hours"] == 0
     assert stages["extract, all passes"]["fixed_hours"] == pytest.approx(2 * jobs * (5 + 55 + 20) / 3600)
     assert stages["train, all epochs"]["fixed_hours"] == pytest.approx(8 * (5 + 10 + 60) / 3600)  # 8 ranks
+
+
+def test_copies_timed_at_once_add_their_throughputs_and_average_their_start_up():
+    from draftsmith.steps.rates import combine
+
+    copies = [
+        {"start_s": 3.0, "load_s": 8.0, "extract_tokens_s": 100.0, "answer_tokens_mean": 150.0},
+        {"start_s": 5.0, "load_s": 10.0, "extract_tokens_s": 300.0, "answer_tokens_mean": 170.0},
+    ]
+    rates = combine(copies, gpus=1)
+    assert rates["extract_tokens_s"] == 400.0  # two slots of one GPU: their tokens/s add up
+    assert (rates["start_s"], rates["load_s"], rates["answer_tokens_mean"]) == (4.0, 9.0, 160.0)
+    assert combine(copies, gpus=2)["extract_tokens_s"] == 200.0 and rates["copies"] == 2

@@ -190,7 +190,8 @@ rule train_round:
         " --epoch {wildcards.epoch} --position {wildcards.pos} --order {params.order} {params.previous}"
         " --answers {input.answers} --rows-json {params.rows} --data-json {params.data}"
         " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
-        " --threads {threads} --state {output.state} --record {output.record} --metrics {output.metrics} > {log} 2>&1"
+        " --mask-token {input.mask} --threads {threads} --state {output.state} --record {output.record}"
+        " --metrics {output.metrics} > {log} 2>&1"
 
 
 # With rounds, `train` makes the same outputs from the last round's state, evaluated on the held-out samples.
@@ -234,4 +235,4 @@ rule train:
         "python -m draftsmith.steps.train_final --state {input.state} --heldout {input.heldout}"
         " --records {input.records} --target {params.target} --out {params.out}"
         " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
-        " --threads {threads} > {log} 2>&1"
+        " --mask-token {input.mask} --threads {threads} > {log} 2>&1"
