@@ -29,6 +29,7 @@ if ROUNDS > 1:
 include: "workflow/rules/answers.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/engine.smk"
 include: "workflow/rules/plan_check.smk"
 include: "workflow/rules/study.smk"
 
@@ -41,6 +42,7 @@ rule all:
         rules.answers.output if config["data"]["regenerate"]["enabled"] else [],
         rules.export.output.drafter,
         rules.report.output,
+        rules.engine_report.output if ENGINE else [],
         rules.plan_check.output,
         rules.study.output if STUDY_SIZES else [],
 

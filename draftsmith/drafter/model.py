@@ -205,8 +205,8 @@ def mask_mod_for(layout: BlockLayout, window: int | None):
     """FlexAttention-style mask_mod over keys [context T | blocks Q]: a block sees its own sequence's context
     strictly before its anchor plus its own block, never another block. Full layers see the whole block
     (bidirectional); sliding layers (`window` set) see context within the window and only the block positions
-    up to their own (causal), the attention z-lab's reference, vLLM and SGLang give a `sliding_attention`
-    layer."""
+    up to their own (causal), the attention z-lab's reference and SGLang give a `sliding_attention` layer
+    (vLLM 0.22 runs every DFlash layer as a full one: docs/serving.md)."""
     T, B = layout.num_ctx, layout.block_size
     ctx_doc, ctx_pos, block_doc, anchor = layout.ctx_doc, layout.ctx_pos, layout.block_doc, layout.anchor
 

@@ -289,7 +289,7 @@ def run_bench(
     from tqdm import tqdm
 
     dataset = dataset or Path(prompts_path).stem
-    mine = _my_prompts(prompts_path, bench, part=part, parts=parts)
+    mine = part_prompts(prompts_path, bench, part=part, parts=parts)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = tmp_path(out)
@@ -427,7 +427,7 @@ class _Models:
     stop_ids: list[int]
 
 
-def _my_prompts(prompts_path: str, bench: dict, *, part: int, parts: int) -> list[dict]:
+def part_prompts(prompts_path: str, bench: dict, *, part: int, parts: int) -> list[dict]:
     """This part's share of the prompt file (every `parts`-th readable record, after the max_prompts cut)."""
     records = read_prompts(prompts_path)  # a bad line stops the job naming FILE:LINE (preflight checks first)
     if bench["max_prompts"]:

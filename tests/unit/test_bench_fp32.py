@@ -45,9 +45,9 @@ def test_bf16_bench_reruns_prompts_in_fp32_and_reports_them(attention_target, tm
     assert all(r["divergence"] is None for r in checks)
 
     # a rerun that found every prompt done reads the models from disk again: the same records
-    from draftsmith.speculative.bench import _my_prompts, fp32_check
+    from draftsmith.speculative.bench import fp32_check, part_prompts
 
-    mine = _my_prompts(str(prompts), bench, part=0, parts=1)
+    mine = part_prompts(str(prompts), bench, part=0, parts=1)
     again = fp32_check(str(attention_target), str(tmp_path / "drafter"), mine, dataset="d", part=0, parts=1,
                        rows=main, gpus=0, target_cfg=target_cfg, bench=bench, taps=[1, 3])  # fmt: skip
     assert again == checks

@@ -11,6 +11,7 @@ import yaml
 from conftest import digest, hub_cache, job_counts, make_workflow, snakemake
 
 from draftsmith.preflight import FIRST_RECORDS, preflight
+from draftsmith.speculative.engine_run import engine_available
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,18 @@ def test_a_gpu_memory_that_is_not_a_size_names_the_key(small_run):
                      check=False)  # fmt: skip
     assert proc.returncode != 0
     assert "gpu_memory: 'lots' is not a size" in proc.stderr + proc.stdout
+
+
+@pytest.mark.skipif(engine_available(), reason="vLLM is installed here: the engine bench is in the DAG")
+def test_without_vllm_the_engine_bench_is_left_out_in_one_line_and_requiring_it_stops(small_run, tmp_path):
+    proc = snakemake("-n", "--configfile", str(small_run / "config.yaml"))
+    assert "engine bench: vLLM is not installed, so the bench runs without it" in proc.stderr
+    assert "engine_bench" not in proc.stdout and "report" in proc.stdout
+    need = tmp_path / "engine.yaml"
+    need.write_text("bench: {engine: {enabled: true}}\n")
+    proc = snakemake("-n", "--configfile", str(small_run / "config.yaml"), str(need), check=False)
+    assert proc.returncode != 0
+    assert "bench.engine.enabled is true, but vLLM cannot be imported here" in proc.stderr + proc.stdout
 
 
 def test_bad_config_names_the_key(small_run):
@@ -192,7 +205,17 @@ OTHER_VALUES = {
               "temperature": 0.5, "methods": ["ar", "dflash"], "real_loop": False, "thinking": True, "warmup": 0,
               "fp32_check_prompts": 1, "thinking_unlike_data": True},
 }  # fmt: skip
-DOWNSTREAM = {"mask_check", "plan", "rates", "train", "export", "bench", "report", "plan_check", "all"}  # no data
+DOWNSTREAM = {
+    "mask_check",
+    "plan",
+    "rates",
+    "train",
+    "export",
+    "bench",
+    "report",
+    "plan_check",
+    "all",
+}  # no data
 
 
 def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: Path, env: dict) -> None:
@@ -237,7 +260,9 @@ def test_presets_pass_the_schema_and_preflight(preset, tmp_path, monkeypatch):
     from draftsmith.config import is_url
 
     data = config["data"]["path"]
-    for path in (data if isinstance(data, list) else [data]) + [d["path"] for d in config["bench"]["datasets"]]:
+    for path in (data if isinstance(data, list) else [data]) + [
+        d["path"] for d in config["bench"]["datasets"]
+    ]:
         if path != "demo" and not is_url(path) and not path.startswith(config["results"]):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text('{"prompt": "hello"}\n')
@@ -273,11 +298,13 @@ def test_no_free_mask_token_stops_the_run_before_any_job(tmp_path, tokenizer):
     cfg = yaml.safe_load(config.read_text())
     target = Path(cfg["target"]["model"])
     fields = json.loads((target / "config.json").read_text())
-    AutoModelForCausalLM.from_config(AutoConfig.for_model(**{**fields, "vocab_size": len(tokenizer)})).save_pretrained(
-        target
-    )
+    AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(**{**fields, "vocab_size": len(tokenizer)})
+    ).save_pretrained(target)
     proc = snakemake("-n", "--configfile", str(config), check=False)
-    assert proc.returncode != 0 and "drafter.mask_token_id: no free id" in proc.stdout + proc.stderr, proc.stdout[-1500:]
+    assert proc.returncode != 0 and "drafter.mask_token_id: no free id" in proc.stdout + proc.stderr, (
+        proc.stdout[-1500:]
+    )
     assert not (tmp_path / "results").exists()
     cfg["drafter"] = {"mask_token_id": 7}
     config.write_text(yaml.safe_dump(cfg))

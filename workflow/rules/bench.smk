@@ -19,7 +19,7 @@ rule bench:
         target=target_path(),
         prompts=lambda wildcards: prompts_path(wildcards.dataset),
         parts=BENCH_PARTS,
-        bench=as_json("bench", drop=("compare", "datasets")),
+        bench=as_json("bench", drop=("compare", "datasets", "engine")),
         tcfg=target_json(drop=DATA_JOB_DROP),
     shell:
         "python -m draftsmith.steps.bench --target {params.target} --drafter {input.drafter} --target-json {params.tcfg}"

@@ -25,6 +25,7 @@ from draftsmith.plan.plan import (
     rounds_problems,
 )
 from draftsmith.plan.rounds import round_order
+from draftsmith.speculative.engine_run import engine_in_dag
 from draftsmith.target.files import is_hub_id
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -246,6 +247,10 @@ def bench_parts():
 
 BENCH_PARTS = bench_parts()
 BENCH_DATASETS = {d["name"]: d["path"] for d in config["bench"]["datasets"]}
+try:  # the engine bench (bench.engine): in the DAG where vLLM can be imported, or where it is required
+    ENGINE = engine_in_dag(config["bench"]["engine"]["enabled"])
+except RuntimeError as e:
+    raise WorkflowError(str(e)) from None
 
 
 def compare_args():

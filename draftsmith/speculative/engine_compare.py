@@ -1,0 +1,138 @@
+"""The engine bench's figures, read without the engine: the served drafter's outputs against the engine's own
+greedy ones, and the engine's acceptance beside the replay's on the same prompts (docs/serving.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from draftsmith.speculative.engine_metrics import spec_decode_summary
+
+GAP_TOLERANCE = 0.05  # the issue's bar: engine and replay agree within 5% (pooled)
+
+
+def parting(greedy: Sequence[int], spec: Sequence[int], top: Sequence[dict] | None) -> dict | None:
+    """Where the drafter's output leaves the engine's greedy one (None where they are equal), and the margin
+    there from the greedy pass's top log-probabilities: log p(greedy token) - log p(drafted-path token). The
+    margin is a lower bound (`at_least`) when the other token is not among the top ones returned."""
+    n = min(len(greedy), len(spec))
+    i = next((k for k in range(n) if greedy[k] != spec[k]), n)
+    if i == n and len(greedy) == len(spec):
+        return None
+    out: dict[str, Any] = {"index": i, "margin": None, "at_least": False}
+    if i == n or not top or i >= len(top) or not top[i]:
+        return out  # one stopped where the other went on: no token pair to weigh
+    lps = {int(k): float(v) for k, v in top[i].items()}
+    mine = lps.get(int(greedy[i]))
+    if mine is None:
+        return out
+    other = lps.get(int(spec[i]))
+    out["margin"] = mine - (other if other is not None else min(lps.values()))
+    out["at_least"] = other is None
+    return out
+
+
+def tokens_per_s(timing: dict) -> float:
+    return float(timing["tokens"]) / max(float(timing["seconds"]), 1e-9)
+
+
+def engine_summary(run: dict) -> dict:
+    """One dataset's engine run (`steps.engine_bench`'s record) summarized: acceptance from the counters of
+    the batch-1 pass, tokens/s with and without the drafter at batch 1 and at the set batch, and where the
+    drafter's outputs leave the engine's greedy ones."""
+    base, spec = run["passes"]["target"], run["passes"]["dflash"]
+    acc = spec_decode_summary(spec["metrics_after"], spec["metrics_before"])
+    tops = base.get("top_logprobs") or [None] * len(base["outputs"])
+    partings = [parting(g, s, top) for g, s, top in zip(base["outputs"], spec["outputs"], tops)]
+    speed = {}
+    for key in ("batch1", "batch"):
+        without, with_ = tokens_per_s(base[key]), tokens_per_s(spec[key])
+        speed[key] = {"without": without, "with": with_, "speedup": with_ / without}
+    return {
+        "dataset": run["dataset"],
+        "prompts": len(base["outputs"]),
+        "batch": int(run["batch"]),
+        "acceptance": acc,
+        "tokens_per_s": speed,
+        "equal": sum(p is None for p in partings),
+        "partings": [{"prompt": k, **p} for k, p in enumerate(partings) if p is not None],
+    }
+
+
+def replay_acceptance(records: Sequence[dict], dataset: str) -> dict:
+    """The replay's DFlash figures on a dataset, pooled as the engine pools them: tokens a verify step
+    commits (tau, the bonus token counted) and the share of steps that accept at least i drafts."""
+    steps = [
+        int(c) for r in records if r["dataset"] == dataset and r["method"] == "dflash" for c in r["committed"]
+    ]
+    if not steps:
+        raise ValueError(f"no DFlash records for dataset {dataset!r} in the bench's records")
+    depth = max(steps) - 1
+    return {
+        "tau_pooled": sum(steps) / len(steps),
+        "acceptance_by_position": [sum(c - 1 >= i for c in steps) / len(steps) for i in range(1, depth + 1)],
+        "steps": len(steps),
+    }
+
+
+def beside(summary: dict, replay: dict) -> dict:
+    """One dataset's row: the engine against the replay, the gap relative to the replay's tau."""
+    engine = summary["acceptance"]["mean_acceptance_length"]
+    gap = (engine - replay["tau_pooled"]) / replay["tau_pooled"]
+    return {
+        "dataset": summary["dataset"],
+        "prompts": summary["prompts"],
+        "engine": engine,
+        "replay": replay["tau_pooled"],
+        "gap": gap,
+        "agree": abs(gap) <= GAP_TOLERANCE,
+        "engine_by_position": summary["acceptance"]["acceptance_by_position"],
+        "replay_by_position": replay["acceptance_by_position"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "batch": summary["batch"],
+        "equal": summary["equal"],
+        "partings": summary["partings"],
+    }
+
+
+def _pos(values: Sequence[float], i: int) -> str:
+    return f"{values[i]:.3f}" if i < len(values) else "0"
+
+
+def markdown(rows: Sequence[dict], *, engine: str) -> str:
+    """The report's page: acceptance beside the replay, speed with and without the drafter, and where the
+    served outputs leave greedy decoding."""
+    head = (
+        "| dataset | prompts | engine acceptance length | replay tau (pooled) | gap "
+        "| pos 1 engine / replay | pos 2 engine / replay | tokens/s batch 1 without / with | speedup "
+        "| tokens/s batch B without / with | speedup | equal to greedy |"
+    )
+    lines = [f"# The drafter served by {engine}", "", head, "|" + "---|" * 12]
+    for r in rows:
+        b1, bb = r["tokens_per_s"]["batch1"], r["tokens_per_s"]["batch"]
+        cells = [
+            r["dataset"],
+            str(r["prompts"]),
+            f"{r['engine']:.3f}",
+            f"{r['replay']:.3f}",
+            f"{r['gap']:+.1%}" + ("" if r["agree"] else " (!)"),
+            f"{_pos(r['engine_by_position'], 0)} / {_pos(r['replay_by_position'], 0)}",
+            f"{_pos(r['engine_by_position'], 1)} / {_pos(r['replay_by_position'], 1)}",
+            f"{b1['without']:.1f} / {b1['with']:.1f}",
+            f"{b1['speedup']:.2f}x",
+            f"{bb['without']:.1f} / {bb['with']:.1f} (B={r['batch']})",
+            f"{bb['speedup']:.2f}x",
+            f"{r['equal']}/{r['prompts']}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"(!) marks a gap past {GAP_TOLERANCE:.0%}: the engine does not draft as the replay does."]
+    for r in rows:
+        for p in r["partings"]:
+            margin = (
+                "no token pair to weigh"
+                if p["margin"] is None
+                else (f"margin {'>' if p['at_least'] else ''}{p['margin']:.3f} nats")
+            )
+            where = f"{r['dataset']} prompt {p['prompt']}: leaves greedy at token {p['index']}"
+            lines.append(f"- {where} ({margin})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,104 @@
+"""The bench in vLLM for one prompt set: the bench's prompts, rendered as the bench renders them, served by
+the target alone and with the exported drafter (each in a process of its own), written with a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from draftsmith.config import section_arg
+from draftsmith.core.gpu_pool import acquire
+from draftsmith.core.io import write_json
+from draftsmith.core.runtime import setup_logging
+from draftsmith.speculative.bench import part_prompts, prompt_ids_of
+from draftsmith.speculative.engine_compare import engine_summary
+from draftsmith.speculative.engine_run import (
+    INSTALL,
+    drafter_has_sliding_layers,
+    engine_available,
+    engine_env,
+    run_pass,
+)
+from draftsmith.target.files import resolve_target, text_config
+from draftsmith.target.load import load_tokenizer
+from draftsmith.target.mask import eos_ids_on_disk
+
+# read from vLLM 0.22.0's DFlash drafter (qwen3_dflash.py), which reads no layer_types nor sliding_window,
+# and its V2 runner, which refuses the dflash method (docs/serving.md)
+SLIDING_NOTE = (
+    "the drafter has sliding layers: vLLM 0.22 runs every DFlash drafter layer as full attention over the "
+    "block, where draftsmith trains sliding ones causal inside it: acceptance can fall below the replay's"
+)
+
+
+def _passes(
+    target: Path, drafter: str, ids: list[list[int]], *, bench: dict, stop_ids: list[int]
+) -> list[dict]:
+    """The two passes' specs: the target alone, then with the drafter; the same prompts and settings."""
+    engine, dcfg = bench["engine"], json.loads((Path(drafter) / "config.json").read_text())
+    block = int(bench["block_size"] or dcfg["block_size"])
+    length = engine["max_model_len"]
+    if length == "auto":
+        length = max(len(x) for x in ids) + int(bench["max_new_tokens"]) + block
+    text = text_config(target)
+    common = {
+        "target": str(target),
+        "dtype": "bfloat16",
+        "prompts": ids,
+        "max_new_tokens": int(bench["max_new_tokens"]),
+        "stop_ids": stop_ids,
+        "max_model_len": int(length),
+        "gpu_memory_utilization": float(engine["gpu_memory_utilization"]),
+        "batch": int(engine["batch"]),
+        "num_speculative_tokens": block - 1,  # the block's first slot holds the last committed token
+        "hybrid": "linear_attention" in (text.get("layer_types") or []) or "full_attention_interval" in text,
+    }
+    return [{**common, "name": "target", "drafter": None}, {**common, "name": "dflash", "drafter": drafter}]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--drafter", required=True, help="the exported drafter (z-lab format)")
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--bench-json", required=True)
+    ap.add_argument("--target-json", default="{}")
+    ap.add_argument("--gpus", type=int, default=1, help="pool slots to hold (all of its GPUs')")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    setup_logging()
+    if not engine_available():
+        raise SystemExit(f"engine bench: vLLM cannot be imported in this job's environment: {INSTALL}")
+    bench, tcfg = section_arg(a.bench_json, "bench"), section_arg(a.target_json, "target")
+    target = resolve_target(a.target)
+    tok = load_tokenizer(target, tcfg)
+    records = part_prompts(a.prompts, bench, part=0, parts=1)
+    ids = [prompt_ids_of(r, tok, bool(bench["thinking"])) for r in records]
+    stop = sorted(set(eos_ids_on_disk(target)) | ({tok.eos_token_id} - {None}))
+    specs = _passes(target, a.drafter, ids, bench=bench, stop_ids=stop)
+    out = Path(a.out)
+    with acquire(a.gpus) as devices, tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        env = engine_env(devices, bench["engine"]["env"])
+        for spec in specs:
+            spec["tensor_parallel_size"] = max(1, len(set(devices)))
+        passes = {s["name"]: run_pass(s, Path(tmp) / f"{s['name']}.json", env=env) for s in specs}
+    run = {
+        "dataset": a.dataset,
+        "engine": "vllm",
+        "ids": [str(r.get("id", i)) for i, r in enumerate(records)],
+        "batch": int(bench["engine"]["batch"]),
+        "num_speculative_tokens": specs[0]["num_speculative_tokens"],
+        "env": {k: env[k] for k in sorted(env) if k.startswith("VLLM_")},
+        "note": SLIDING_NOTE if drafter_has_sliding_layers(a.drafter) else None,
+        "passes": passes,
+    }
+    run["summary"] = engine_summary(run)
+    write_json(out, run)
+    print(json.dumps(run["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The engine bench's figures without the engine: where the served outputs leave greedy decoding and by how
+much, the replay's acceptance pooled as vLLM pools it, and the report's page."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from draftsmith.speculative.engine_compare import (
+    beside,
+    engine_summary,
+    markdown,
+    parting,
+    replay_acceptance,
+)
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "vllm_metrics_smollm2.json"
+
+
+def test_parting_finds_the_first_token_and_weighs_it():
+    assert parting([5, 6, 7], [5, 6, 7], None) is None
+    top = [{"5": -0.1}, {"6": -0.5, "9": -0.6, "3": -2.0}, {"7": -0.2}]
+    assert parting([5, 6, 7], [5, 9, 7], top) == {"index": 1, "margin": pytest.approx(0.1), "at_least": False}
+    # the drafted-path token is not among the top ones: the margin is at least the last one's
+    assert parting([5, 6, 7], [5, 4, 7], top) == {"index": 1, "margin": pytest.approx(1.5), "at_least": True}
+    # one stopped where the other went on: no pair of tokens to weigh
+    assert parting([5, 6, 7], [5, 6], top) == {"index": 2, "margin": None, "at_least": False}
+
+
+def test_replay_acceptance_pools_steps_as_the_engine_counts_drafts():
+    records = [
+        {"dataset": "gsm8k", "method": "dflash", "committed": [1, 3, 2]},
+        {"dataset": "gsm8k", "method": "dflash", "committed": [4]},
+        {"dataset": "gsm8k", "method": "ddtree", "committed": [9, 9]},
+        {"dataset": "other", "method": "dflash", "committed": [1]},
+    ]
+    r = replay_acceptance(records, "gsm8k")
+    assert r["tau_pooled"] == pytest.approx(10 / 4) and r["steps"] == 4
+    # accepted drafts per step 0, 2, 1, 3: at least 1 in 3 of 4 steps, at least 2 in 2, at least 3 in 1
+    assert r["acceptance_by_position"] == pytest.approx([0.75, 0.5, 0.25])
+    assert 1 + sum(r["acceptance_by_position"]) == pytest.approx(r["tau_pooled"])
+    with pytest.raises(ValueError, match="no DFlash records for dataset 'none'"):
+        replay_acceptance(records, "none")
+
+
+def _run(records: list[dict]) -> dict:
+    base = {
+        "outputs": [[1, 2, 3], [1, 2, 3]],
+        "top_logprobs": [[{"1": -0.1}] * 3, [{"1": -0.1}, {"2": -0.3, "8": -0.31}, {"3": -0.1}]],
+        "batch1": {"seconds": 2.0, "tokens": 6},
+        "batch": {"seconds": 1.0, "tokens": 6},
+    }
+    spec = {
+        "outputs": [[1, 2, 3], [1, 8, 3]],
+        "batch1": {"seconds": 1.0, "tokens": 6},
+        "batch": {"seconds": 0.75, "tokens": 6},
+        "metrics_before": [],
+        "metrics_after": records,
+    }
+    return {"dataset": "humaneval", "batch": 2, "passes": {"target": base, "dflash": spec}}
+
+
+def test_engine_run_beside_the_replay_and_its_page():
+    recorded = json.loads(RECORDED.read_text())
+    s = engine_summary(_run(recorded["records"]))
+    assert s["acceptance"]["mean_acceptance_length"] == pytest.approx(1.164)
+    assert s["tokens_per_s"]["batch1"] == {"without": 3.0, "with": 6.0, "speedup": 2.0}
+    assert s["tokens_per_s"]["batch"]["speedup"] == pytest.approx(8 / 6)
+    assert s["equal"] == 1
+    assert s["partings"] == [{"prompt": 1, "index": 1, "margin": pytest.approx(0.01), "at_least": False}]
+    steps = [2] * 176 + [1] * 824  # a replay whose pooled tau is 1.176, as on the hand-run's prompts
+    records = [{"dataset": "humaneval", "method": "dflash", "committed": steps}]
+    replay = replay_acceptance(records, "humaneval")
+    row = beside(s, replay)
+    assert row["gap"] == pytest.approx((1.164 - 1.176) / 1.176) and row["agree"]
+    page = markdown([row, {**row, "dataset": "far", "gap": 0.2, "agree": False}], engine="vLLM")
+    lines = page.splitlines()
+    assert lines[0] == "# The drafter served by vLLM"
+    assert lines[4].startswith("| humaneval | 2 | 1.164 | 1.176 | -1.0% | 0.152 / 0.176 | 0.012 / 0 |")
+    assert "| 3.0 / 6.0 | 2.00x | 6.0 / 8.0 (B=2) | 1.33x | 1/2 |" in lines[4]
+    assert "| far | 2 | 1.164 | 1.176 | +20.0% (!) |" in lines[5]
+    assert "- humaneval prompt 1: leaves greedy at token 1 (margin 0.010 nats)" in lines
