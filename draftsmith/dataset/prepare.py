@@ -98,11 +98,15 @@ def _starts_with_bracket(p: Path) -> bool:
 
 # Single-turn shapes of public sets, read as (prompt field, answer fields): GSM8K, Alpaca-style instructions.
 PAIR_FIELDS = (("prompt", ("response",)), ("question", ("answer",)), ("instruction", ("output", "response")))
+# What an instruction's prompt carries after it, following a blank line: Alpaca's `input`, Dolly's `context`
+# (the passage its closed-QA, extraction and summarization records ask about); the first non-empty one.
+INSTRUCTION_EXTRAS = ("input", "context")
 
 
 def to_messages(rec: dict) -> list[dict]:
     """OpenAI-style messages, or a single-turn record (`prompt`/`response`, GSM8K's `question`/`answer`,
-    Alpaca's `instruction`/`input`/`output`) turned into one user turn and, when it has one, the answer."""
+    Alpaca's `instruction`/`input`/`output`, Dolly's `instruction`/`context`/`response`) turned into one user
+    turn and, when it has one, the answer."""
     if not isinstance(rec, dict):
         raise BadRecord("record is not a JSON object")
     if "messages" in rec and rec["messages"] is not None:
@@ -127,8 +131,9 @@ def to_messages(rec: dict) -> list[dict]:
         if not isinstance(rec[key], str):
             raise BadRecord(f"`{key}` must be a string")
         text = rec[key]
-        extra = rec.get("input") if key == "instruction" else None
-        if isinstance(extra, str) and extra.strip():
+        extras = INSTRUCTION_EXTRAS if key == "instruction" else ()
+        extra = next((rec[k] for k in extras if isinstance(rec.get(k), str) and rec[k].strip()), None)
+        if extra is not None:
             text = f"{text}\n\n{extra}"
         msgs = [{"role": "user", "content": text}]
         answer = next((a for a in answers if rec.get(a) is not None), None)

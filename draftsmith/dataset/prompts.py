@@ -5,7 +5,7 @@ One JSON object a line, a `.json` array of them, or a Parquet row, any of:
 - `prompt`: one user turn (HumanEval's field; also prompt/response training records);
 - `question`: one user turn (GSM8K);
 - `turns`: a list of user turns, of which the first is benchmarked (MT-Bench's question file);
-- `instruction`, with an optional `input` appended after a blank line (Alpaca-style sets).
+- `instruction`, with an optional `input` (Alpaca-style sets) or `context` (Dolly) after a blank line.
 Other shapes: convert them to `{"prompt": ...}` lines (docs/configuration.md shows a one-liner). A bad line
 stops the run naming FILE:LINE, checked before any job starts, as training data is.
 """

@@ -23,6 +23,8 @@ def test_common_shapes_become_a_user_turn(tmp_path):
             {"question": "2 + 2?", "answer": "4"},  # GSM8K
             {"question_id": 81, "turns": ["first", "second"]},  # MT-Bench
             {"instruction": "sum", "input": "1 2"},  # Alpaca
+            {"instruction": "who?", "context": "a passage", "response": "r", "category": "qa"},  # Dolly
+            {"instruction": "name one", "context": "", "response": "r"},  # Dolly, no passage
             {
                 "id": "c",
                 "messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
@@ -30,8 +32,16 @@ def test_common_shapes_become_a_user_turn(tmp_path):
         ],
     )
     got = read_prompts(path)
-    assert [r["id"] for r in got] == ["HumanEval/0", "p:2", "81", "p:4", "c"]
-    assert [r["messages"][-1]["content"] for r in got] == ["def f():", "2 + 2?", "first", "sum\n\n1 2", "u"]
+    assert [r["id"] for r in got] == ["HumanEval/0", "p:2", "81", "p:4", "p:5", "p:6", "c"]
+    assert [r["messages"][-1]["content"] for r in got] == [
+        "def f():",
+        "2 + 2?",
+        "first",
+        "sum\n\n1 2",
+        "who?\n\na passage",  # before, Dolly's passage was dropped and the question asked about nothing
+        "name one",
+        "u",
+    ]
     assert all(r["messages"][-1]["role"] == "user" for r in got)
 
 
