@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from draftsmith.dataset.overlap import BenchScreen, record_key
+
 log = logging.getLogger(__name__)
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -33,6 +35,8 @@ class PrepareStats:
     truncated: int = 0
     tokens: int = 0
     loss_tokens: int = 0
+    duplicates: int = 0  # data.dedupe: a record whose sample an earlier record already is
+    bench_overlap: int = 0  # data.exclude_bench: a prompt that is, or shares a run of words with, a bench one
     problems: dict[str, int] = field(default_factory=dict)
 
     def skip(self, why: str) -> None:
@@ -232,14 +236,18 @@ def prepare(
     split: str = "train",
     *,
     regenerate: bool = False,
+    dedupe: bool = False,
+    screen: BenchScreen | None = None,
 ) -> tuple[pd.DataFrame, PrepareStats]:
     """Reads and tokenizes every record of one file or several (in order); returns one row per sample and the
     counts for the report. With `regenerate`, prompt-only records are samples too: the target writes their
-    answers."""
+    answers. `dedupe` keeps the first of records that make the same sample; `screen` leaves out the bench's
+    prompts (both counted, never errors)."""
     paths = [path] if isinstance(path, str) else list(path)
     stats = PrepareStats()
     rows = []
     seen: dict[str, str] = {}
+    keys: set[str] = set()
     records = (r for p in paths for r in iter_records(p, split))
     for source, line, rec in records:
         stats.records += 1
@@ -259,6 +267,15 @@ def prepare(
                 continue
             raise BadRecord(f"{where}: {e} (fix the record, or set data.on_bad_record: skip)") from None
         seen[sid] = where
+        if screen is not None and screen.why(msgs) is not None:
+            stats.bench_overlap += 1
+            continue
+        if dedupe:
+            key = record_key(msgs, answers_rewritten=regenerate)
+            if key in keys:
+                stats.duplicates += 1
+                continue
+            keys.add(key)
         if len(ids) > max_length:
             stats.truncated += 1
             ids, mask = ids[:max_length], mask[:max_length]

@@ -8,7 +8,9 @@ import logging
 from draftsmith.config import section_arg
 from draftsmith.core.io import write_json, write_parquet
 from draftsmith.core.runtime import setup_logging
+from draftsmith.dataset.overlap import BenchScreen
 from draftsmith.dataset.prepare import BadRecord, prepare
+from draftsmith.dataset.prompts import read_prompts
 from draftsmith.target.files import resolve_target, text_config
 from draftsmith.target.load import load_tokenizer
 
@@ -23,12 +25,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-json", required=True, help="the config's `data` section")
     p.add_argument("--out", required=True, help="samples.parquet")
     p.add_argument("--stats", required=True, help="stats.json")
+    p.add_argument("--bench", nargs="*", default=[], help="data.exclude_bench: the bench's prompt files")
     args = p.parse_args(argv)
     setup_logging()
     cfg = section_arg(args.data_json, "data")
     target_dir = resolve_target(args.target)
     tok = load_tokenizer(target_dir, section_arg(args.target_json, "target"))
     try:
+        bench = [r["messages"] for f in args.bench for r in read_prompts(f)]
+        screen = BenchScreen(bench) if args.bench else None
         samples, stats = prepare(
             args.data,
             tok,
@@ -38,6 +43,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg["max_samples"],
             cfg["split"],
             regenerate=bool(cfg["regenerate"]["enabled"]),
+            dedupe=bool(cfg.get("dedupe")),
+            screen=screen,
         )
     except BadRecord as e:
         raise SystemExit(f"prepare: bad input: {e}") from None
@@ -48,6 +55,13 @@ def main(argv: list[str] | None = None) -> None:
         stats.truncated,
         stats.skipped,
     )
+    if stats.duplicates or stats.bench_overlap:
+        logging.info(
+            "left out %d records repeating an earlier one (data.dedupe) and %d overlapping the bench's "
+            "prompts (data.exclude_bench)",
+            stats.duplicates,
+            stats.bench_overlap,
+        )
     if stats.skipped:
         logging.warning(
             "skipped %d of %d records (data.on_bad_record: skip): %s",

@@ -124,3 +124,28 @@ def test_prepare_stops_when_the_tokenizer_is_another_models(tokenizer, tmp_path)
     with pytest.raises(SystemExit, match=named):
         main([*args, "--out", str(tmp_path / "bad.parquet"), "--stats", str(tmp_path / "bad.json")])
     assert not (tmp_path / "bad.parquet").exists()
+
+
+def test_repeated_records_and_the_benchs_prompts_are_left_out_and_counted(tokenizer, tmp_path):
+    from draftsmith.dataset.overlap import BenchScreen
+
+    question = "Natalia sold clips to 48 of her friends in April and then she sold half as many clips in May"
+    rows = [
+        {"id": "a", "prompt": "write  a haiku"},
+        {"id": "b", "prompt": "write a haiku", "response": "old pond"},  # the same prompt, whitespace aside
+        {"id": "c", "question": question + ". How many clips did she sell?"},  # the bench's, word for word
+        {"id": "d", "prompt": "Solve: " + question.lower() + ", and explain."},  # 13 of its words in a row
+        {"id": "e", "prompt": "Natalia sold clips to 48 of her friends"},  # 8 words: phrasing, not the prompt
+        {"id": "f", "prompt": "write a limerick"},
+    ]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    screen = BenchScreen([[{"role": "user", "content": question + ".  How many clips did she sell?"}]])
+    df, stats = prepare(str(path), tokenizer, 512, False, regenerate=True, dedupe=True, screen=screen)
+    assert df["id"].tolist() == ["a", "e", "f"]
+    assert (stats.duplicates, stats.bench_overlap, stats.samples, stats.records) == (1, 2, 3, 6)
+    # without regeneration a record's answer is part of the sample: the same prompt, another answer, is kept
+    answered = [{"prompt": "q", "response": r} for r in ("a", "b", "a")]
+    df, stats = prepare(str(write_jsonl(tmp_path / "qa.jsonl", answered)), tokenizer, 512, False, dedupe=True)
+    assert df["id"].tolist() == ["qa:1", "qa:2"] and stats.duplicates == 1
+    df, stats = prepare(str(path), tokenizer, 512, False, regenerate=True)
+    assert len(df) == 6 and (stats.duplicates, stats.bench_overlap) == (0, 0)  # both off by default

@@ -89,6 +89,16 @@ def test_without_vllm_the_engine_bench_is_left_out_in_one_line_and_requiring_it_
     assert "bench.engine.enabled is true, but vLLM cannot be imported here" in proc.stderr + proc.stdout
 
 
+def test_excluding_the_bench_gives_prepare_the_bench_files_and_no_other_job_the_key(small_run, tmp_path):
+    on = tmp_path / "exclude.yaml"
+    on.write_text("data: {exclude_bench: true, dedupe: true}\n")
+    out = snakemake("-n", "-p", "dataset", "--configfile", str(small_run / "config.yaml"), str(on)).stdout
+    prepare = next(line for line in out.splitlines() if "draftsmith.steps.prepare" in line)
+    assert '"dedupe": true' in prepare and '"exclude_bench": true' in prepare and "--bench " in prepare
+    others = [line for line in out.splitlines() if "--data-json" in line and "steps.prepare" not in line]
+    assert others and not any("exclude_bench" in line or "dedupe" in line for line in others)
+
+
 def test_bad_config_names_the_key(small_run):
     proc = snakemake(
         "-n",

@@ -76,9 +76,10 @@ wildcard_constraints:
     fetched=r"[0-9a-f]{8}-[^/]+",
 
 
-def as_json(section, drop=(), keep=None):
+def as_json(section, drop=(), keep=None, prepare=False):
     """A config section as one shell word: scripts read their settings from --x-json arguments. Keys a job
-    does not use are dropped (or only those in `keep` kept), so changing them does not rerun it. The answer
+    does not use are dropped (or only those in `keep` kept), so changing them does not rerun it; the data keys
+    only prepare reads reach it alone (`prepare`), and only when set, so that adding them reran nothing. The answer
     checks reach the jobs through their environment (below), so a threshold changed after a shard stopped
     reruns no shard that passed.
     """
@@ -91,7 +92,17 @@ def as_json(section, drop=(), keep=None):
         values["regenerate"] = {
             k: v for k, v in values["regenerate"].items() if k != "checks"
         }
+        for (
+            key
+        ) in (
+            PREPARE_ONLY
+        ):  # prepare's alone, and there only when set: no other job reruns for them
+            if not (prepare and values.get(key)):
+                values.pop(key, None)
     return shlex.quote(json.dumps(values, sort_keys=True))
+
+
+PREPARE_ONLY = ("dedupe", "exclude_bench")  # data keys that only prepare reads
 
 
 def target_path():
@@ -135,10 +146,25 @@ def data_paths():
 
 
 def data_input(wildcards):
-    """The files a job makes or that are here (a `datasets` name is neither: prepare reads it online)."""
+    """The files a job makes or that are here (a `datasets` name is neither: prepare reads it online), and
+    with data.exclude_bench the bench's prompt files."""
     return {
-        "data": [p for p in data_paths() if p.startswith(RESULTS) or Path(p).exists()]
+        "data": [p for p in data_paths() if p.startswith(RESULTS) or Path(p).exists()],
+        "bench": bench_files() if config["data"]["exclude_bench"] else [],
     }
+
+
+def prepare_bench_args():
+    """data.exclude_bench: the bench's prompt files for prepare (a `datasets` name read online)."""
+    if not config["data"]["exclude_bench"]:
+        return ""
+    return " --bench " + " ".join(shlex.quote(prompts_path(d)) for d in BENCH_DATASETS)
+
+
+def bench_files():
+    """The bench's prompt files, made by a job or here (a `datasets` name: read online)."""
+    paths = [prompts_path(d) for d in BENCH_DATASETS]
+    return [p for p in paths if p.startswith(RESULTS) or Path(p).exists()]
 
 
 def num_shards():
