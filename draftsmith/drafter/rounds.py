@@ -22,7 +22,7 @@ from draftsmith.core.distributed import setup_device, wrap_ddp
 from draftsmith.core.io import atomic, write_json
 from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
-from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch
+from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, subset_indices
 from draftsmith.drafter.config import config_from_target
 from draftsmith.drafter.metrics import log_step, metrics_columns, reopen_metrics
 from draftsmith.drafter.train import TrainingRun, _seeded_model, frozen_head, loss_weights, run_steps
@@ -53,6 +53,18 @@ def round_lengths(answers: list[str], data: dict, rows: dict) -> list[np.ndarray
         )
         per_round.append([df["num_tokens"].to_numpy(dtype=np.int64)[where == r] for r in range(rounds)])
     return [np.concatenate([shard[r] for shard in per_round]) for r in range(rounds)]
+
+
+def round_subsets(lengths: list[np.ndarray], max_samples: int | None, seed: int) -> list[np.ndarray]:
+    """Each round's samples that train (indices in its merged order): all of them, or for a study's size
+    (`max_samples`) its seeded draw over every round's samples taken together, so that a smaller size's
+    samples are all in every larger one, as on disk."""
+    sizes = [len(x) for x in lengths]
+    if max_samples is None:
+        return [np.arange(n) for n in sizes]
+    kept = subset_indices(np.arange(sum(sizes)), int(max_samples), seed)
+    starts = np.cumsum([0, *sizes[:-1]])
+    return [kept[(kept >= a) & (kept < a + n)] - a for a, n in zip(starts, sizes)]
 
 
 def round_plan(
@@ -118,6 +130,7 @@ def train_round(
 ) -> None:
     """Trains one round's steps from the previous round's state (or the seeded start), then hands its state
     on and writes its record: the samples it trained, in order."""
+    kept = round_subsets(lengths, tcfg.get("max_samples"), int(tcfg["seed"]))
     run, me = _round_run(
         dataset,
         Path(target_dir),
@@ -127,11 +140,14 @@ def train_round(
         position=position,
         order=order,
         lengths=lengths,
+        kept=kept,
         previous=previous,
     )
+    mine = kept[me.round]  # the plan indexes the round's training samples; the dataset holds them all
     plan = round_plan(
-        lengths[me.round], tcfg, block=run.cfg.block_size, world=run.world, epoch=epoch, rid=me.round
+        lengths[me.round][mine], tcfg, block=run.cfg.block_size, world=run.world, epoch=epoch, rid=me.round
     )
+    plan = [[int(mine[i]) for i in batch] for batch in plan]
     _train_steps(run, RoundPlans(run, plan, epoch=epoch, first=me.first_step), me, metrics_path)
     if run.rank == 0:
         ids = [i for s in run.ds.manifest["shards"] for i in s["sample_ids"]]
@@ -163,6 +179,7 @@ def _round_run(
     position: int,
     order: list[list[int]],
     lengths: list[np.ndarray],
+    kept: list[np.ndarray],
     previous: str | None,
 ) -> tuple[TrainingRun, Position]:
     """The round's data, drafter and optimiser (from the state handed on), and where it stands in the run;
@@ -171,7 +188,8 @@ def _round_run(
     dtype = resolve_dtype(tcfg["dtype"], device)
     ds = MergedDataset(dataset)
     cfg = config_from_target(json.loads((target_dir / "config.json").read_text()), ds.taps, drafter_section)
-    positions = schedule(lengths, order, tcfg, block=cfg.block_size, world=world)
+    trained = [x[k] for x, k in zip(lengths, kept)]
+    positions = schedule(trained, order, tcfg, block=cfg.block_size, world=world)
     me = next(p for p in positions if (p.epoch, p.position) == (epoch, position))
     if ds.lengths.tolist() != lengths[me.round].tolist():
         raise SystemExit(f"train_round: {dataset} does not hold round {me.round}'s samples as planned")

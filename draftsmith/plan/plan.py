@@ -397,12 +397,11 @@ def rounds_problems(config: dict, rounds: int) -> list[str]:
             f"train.epochs: {epochs:g}; training in {rounds} rounds visits every sample once an epoch, so "
             "epochs must be a whole number"
         )
-    if config["study"]["train_samples"]:
+    if config["study"]["train_samples"] and config["study"]["budget"] == "steps":
         problems.append(
-            f"study.train_samples: a study trains every size on the whole dataset on disk, and this run's "
-            f"hidden states take {rounds} rounds of extract.disk_budget; study one size a run "
-            "(data.max_samples), "
-            "or give a budget that holds them all"
+            f"study.budget: steps; in {rounds} rounds each size trains train.epochs passes over its own "
+            "samples, beside the main run's, so sizes compare at equal epochs: set study.budget to epochs, "
+            "or give a budget that holds every hidden state"
         )
     if config["train"]["max_samples"] or config["train"]["max_steps"]:
         problems.append("train.max_samples / train.max_steps: not used in rounds; set them to null")

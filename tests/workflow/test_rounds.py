@@ -79,8 +79,11 @@ def rounds_run(tmp_path_factory, tokenizer) -> dict:
         root,
         tokenizer,
         extract={"shards": 2, "validate_samples": 1, "disk_budget": BUDGET},
-        data={"path": str(data), "max_length": 64,
-              "regenerate": {"enabled": True, "max_new_tokens": 64, "checks": {"enabled": False}}},  # fmt: skip
+        data={
+            "path": str(data),
+            "max_length": 64,
+            "regenerate": {"enabled": True, "max_new_tokens": 64, "checks": {"enabled": False}},
+        },  # fmt: skip
         drafter={"num_layers": 1, "block_size": 4},
         train={"epochs": 2, "anchors_per_seq": 8, "token_budget": 512},
         plan={"rates": "node"},
@@ -277,4 +280,45 @@ def test_the_plan_is_timed_on_this_node_and_checked_against_the_run(rounds_run):
     rows = {r["stage"]: r for r in json.loads((res / "plan/measured.json").read_text())["rows"]}
     assert set(rows) == {"regeneration", "extraction", "training", "bench"}, rows
     assert rows["extraction"]["jobs"] == 2 * (3 * 2 * 2 + 2) and rows["training"]["jobs"] == 7, rows
-    assert all(r["gpu_hours"] > 0 and r["planned"] > 0 and r["measured_over_planned"] > 0 for r in rows.values())
+    assert all(
+        r["gpu_hours"] > 0 and r["planned"] > 0 and r["measured_over_planned"] > 0 for r in rows.values()
+    )
+
+
+def test_a_study_size_trains_its_own_rounds_on_the_states_the_main_run_extracts(tmp_path, tokenizer):
+    """A study in rounds: the size trains a chain of rounds of its own, beside the main run's, on its seeded
+    share of each round's states; each epoch visits that share exactly once, and a round's states wait for
+    both trainings before they are deleted."""
+    data = tmp_path / "short.jsonl"
+    data.write_text(
+        "".join(json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(RECORDS))
+    )
+    size = 7
+    config = make_workflow(
+        tmp_path,
+        tokenizer,
+        extract={"shards": 1, "validate_samples": 1, "disk_budget": 400_000},
+        data={
+            "path": str(data),
+            "max_length": 64,
+            "regenerate": {"enabled": True, "max_new_tokens": 64, "checks": {"enabled": False}},
+        },  # fmt: skip
+        drafter={"num_layers": 1, "block_size": 4},
+        train={"epochs": 1, "anchors_per_seq": 8, "token_budget": 512},
+        study={"train_samples": [size]},
+    )
+    res, cfg = tmp_path / "results", ["--configfile", str(config)]
+    dry = job_counts(snakemake("-n", *cfg).stdout)
+    assert dry["train_round"] == dry["study_train_round"] == 2 and dry["extract_round"] == 2, dry
+    snakemake(f"{res}/study/n{size}/train/summary.json", *cfg)
+    records = [
+        json.loads(p.read_text()) for p in sorted((res / f"study/n{size}/rounds").glob("e0/p*/record.json"))
+    ]
+    mine = [i for r in records for i in r["sample_ids"]]
+    manifests = [json.loads(p.read_text()) for p in (res / "rounds/e0").glob("r*/manifest.json")]
+    everyone = {i for m in manifests for s in m["shards"] for i in s["sample_ids"]}  # the training samples
+    assert len(mine) == size == len(set(mine)) and set(mine) < everyone, (mine, sorted(everyone))
+    assert [r["round"] for r in records] == round_order(2, 0, 0)  # the main run's order of the rounds
+    assert not list(res.glob("rounds/e0/*.safetensors")) and not list(res.glob("study/**/state.pt"))
+    summary = json.loads((res / f"study/n{size}/train/summary.json").read_text())
+    assert summary["steps"] == records[-1]["first_step"] + records[-1]["steps"]

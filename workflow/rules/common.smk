@@ -399,10 +399,30 @@ def get_round_gate(wildcards):
     gate = position_before(epoch, pos, int(config["extract"]["rounds_in_flight"]))
     if gate is None:
         return {}
-    return {"gate": f"{RESULTS}/rounds/e{gate[0]}/p{gate[1]}/record.json"}
+    return {  # the main run's training of that round, and each study size's
+        "gate": [
+            f"{round_dir(n)}/e{gate[0]}/p{gate[1]}/record.json"
+            for n in [None, *STUDY_SIZES]
+        ]
+    }
 
 
-def get_round_input(wildcards):
+def round_dir(n=None):
+    """Where the main run's rounds (n None) or a study size's keep their states and records."""
+    return f"{RESULTS}/rounds" if n is None else f"{RESULTS}/study/n{n}/rounds"
+
+
+def get_study_round_input(wildcards):
+    """A study size's round: the main run's inputs for it, and the state the size's position before handed
+    on."""
+    out = get_round_input(wildcards, state=False)
+    prev = position_before(int(wildcards.epoch), int(wildcards.pos), 1)
+    if prev is not None:
+        out["state"] = f"{round_dir(wildcards.n)}/e{prev[0]}/p{prev[1]}/state.pt"
+    return out
+
+
+def get_round_input(wildcards, state=True):
     """The round this position trains, its states, and the state the position before handed on."""
     epoch, pos = int(wildcards.epoch), int(wildcards.pos)
     rid = ROUND_ORDER[epoch][pos]
@@ -415,7 +435,7 @@ def get_round_input(wildcards):
         "answers": [answers_path(s) for s in SHARDS],
     }
     prev = position_before(epoch, pos, 1)
-    if prev is not None:
+    if state and prev is not None:
         out["state"] = f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/state.pt"
     return out
 

@@ -1,27 +1,85 @@
 # The data-scaling study (`study.train_samples`): the main run's train -> export -> bench again per size, on
-# the same merged dataset, then one table and plot of tau and held-out accuracy against training tokens.
+# the same merged dataset, then one table and plot of tau and held-out accuracy against training tokens. In
+# rounds, each size trains its own chain of rounds on its share of each round's states, beside the main run,
+# and a round's states are deleted once every size has trained on them.
 
 
 wildcard_constraints:
     n=r"\d+",
 
 
-use rule train as study_train with:
-    output:
-        final=directory(f"{RESULTS}/study/n{{n}}/train/final"),
-        metrics=f"{RESULTS}/study/n{{n}}/train/metrics.csv",
-        summary=f"{RESULTS}/study/n{{n}}/train/summary.json",
-        curves=f"{RESULTS}/study/n{{n}}/train/curves.png",
-    log:
-        f"{RESULTS}/logs/study/n{{n}}/train.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/study/n{{n}}/train.tsv"
-    params:
-        target=target_path(),
-        out=lambda wildcards, output: os.path.dirname(output.metrics),
-        drafter=as_json("drafter"),
-        train=study_train_json,
-        tcfg=target_json(drop=("dtype", "expect")),
+if ROUNDS > 1:
+
+    use rule train_round as study_train_round with:
+        input:
+            unpack(target_input),
+            unpack(get_study_round_input),
+        output:
+            state=temp(f"{RESULTS}/study/n{{n}}/rounds/e{{epoch}}/p{{pos}}/state.pt"),
+            record=f"{RESULTS}/study/n{{n}}/rounds/e{{epoch}}/p{{pos}}/record.json",
+            metrics=f"{RESULTS}/study/n{{n}}/rounds/e{{epoch}}/p{{pos}}/metrics.csv",
+        log:
+            f"{RESULTS}/logs/study/n{{n}}/rounds/e{{epoch}}/p{{pos}}/train.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/study/n{{n}}/rounds/e{{epoch}}/p{{pos}}/train.tsv"
+        params:
+            target=target_path(),
+            drafter=as_json("drafter"),
+            train=study_train_json,
+            tcfg=target_json(drop=("dtype", "expect")),
+            data=as_json("data", drop=("path",)),
+            rows=rows_json("round"),
+            order=shlex.quote(json.dumps(ROUND_ORDER)),
+            previous=lambda wildcards, input: (
+                f"--previous {input.state}" if "state" in input.keys() else ""
+            ),
+
+    use rule train as study_train with:
+        input:
+            unpack(target_input),
+            state=f"{RESULTS}/study/n{{n}}/rounds/e{EPOCHS - 1}/p{ROUNDS - 1}/state.pt",
+            mask=rules.mask_check.output.token,
+            heldout=rules.merge_heldout.output.manifest,
+            heldout_shards=rules.merge_heldout.input.shards,
+            records=[
+                f"{RESULTS}/study/n{{n}}/rounds/e{e}/p{p}/record.json"
+                for e in range(EPOCHS)
+                for p in range(ROUNDS)
+            ],
+        output:
+            final=directory(f"{RESULTS}/study/n{{n}}/train/final"),
+            metrics=f"{RESULTS}/study/n{{n}}/train/metrics.csv",
+            summary=f"{RESULTS}/study/n{{n}}/train/summary.json",
+            curves=f"{RESULTS}/study/n{{n}}/train/curves.png",
+        log:
+            f"{RESULTS}/logs/study/n{{n}}/train.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/study/n{{n}}/train.tsv"
+        params:
+            target=target_path(),
+            out=lambda wildcards, output: os.path.dirname(output.metrics),
+            drafter=as_json("drafter"),
+            train=study_train_json,
+            tcfg=target_json(drop=("dtype", "expect")),
+
+else:
+
+    use rule train as study_train with:
+        output:
+            final=directory(f"{RESULTS}/study/n{{n}}/train/final"),
+            metrics=f"{RESULTS}/study/n{{n}}/train/metrics.csv",
+            summary=f"{RESULTS}/study/n{{n}}/train/summary.json",
+            curves=f"{RESULTS}/study/n{{n}}/train/curves.png",
+        log:
+            f"{RESULTS}/logs/study/n{{n}}/train.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/study/n{{n}}/train.tsv"
+        params:
+            target=target_path(),
+            out=lambda wildcards, output: os.path.dirname(output.metrics),
+            drafter=as_json("drafter"),
+            train=study_train_json,
+            tcfg=target_json(drop=("dtype", "expect")),
 
 
 use rule export as study_export with:
