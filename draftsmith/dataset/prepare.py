@@ -267,15 +267,8 @@ def prepare(
                 continue
             raise BadRecord(f"{where}: {e} (fix the record, or set data.on_bad_record: skip)") from None
         seen[sid] = where
-        if screen is not None and screen.why(msgs) is not None:
-            stats.bench_overlap += 1
+        if _left_out(msgs, stats, screen=screen, keys=keys if dedupe else None, regenerate=regenerate):
             continue
-        if dedupe:
-            key = record_key(msgs, answers_rewritten=regenerate)
-            if key in keys:
-                stats.duplicates += 1
-                continue
-            keys.add(key)
         if len(ids) > max_length:
             stats.truncated += 1
             ids, mask = ids[:max_length], mask[:max_length]
@@ -312,6 +305,28 @@ def prepare(
             f"{stats.problems})"
         )
     return pd.DataFrame(rows), stats
+
+
+def _left_out(
+    msgs: list[dict],
+    stats: PrepareStats,
+    *,
+    screen: BenchScreen | None,
+    keys: set[str] | None,
+    regenerate: bool,
+) -> bool:
+    """Whether a record is left out as a bench prompt (`screen`) or a repeat of an earlier one (`keys`, the
+    samples so far, when deduplicating); counted in `stats`."""
+    if screen is not None and screen.why(msgs) is not None:
+        stats.bench_overlap += 1
+        return True
+    if keys is not None:
+        key = record_key(msgs, answers_rewritten=regenerate)
+        if key in keys:
+            stats.duplicates += 1
+            return True
+        keys.add(key)
+    return False
 
 
 def mask_token_uses(samples: pd.DataFrame, mask_token_id: int) -> tuple[int, str | None]:
