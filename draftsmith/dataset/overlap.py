@@ -16,9 +16,11 @@ def normalized(text: str) -> str:
 
 
 def record_key(messages: list[dict], *, answers_rewritten: bool) -> str:
-    """What makes two records the same sample: their turns, with whitespace collapsed; only the turns before
-    the answer when the target rewrites the answers (the same prompt twice is then the same sample)."""
-    turns = [m for m in messages if not (answers_rewritten and m["role"] == "assistant")]
+    """What makes two records the same sample: their turns, with whitespace collapsed; without the last
+    assistant turn when the target rewrites it (the same prompt twice is then the same sample)."""
+    turns = list(messages)
+    if answers_rewritten and turns and turns[-1]["role"] == "assistant":
+        turns = turns[:-1]
     return "\n".join(f"{m['role']}: {normalized(str(m['content']))}" for m in turns)
 
 

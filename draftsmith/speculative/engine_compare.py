@@ -56,15 +56,15 @@ def engine_summary(run: dict) -> dict:
         "tokens_per_s": speed,
         "equal": sum(p is None for p in partings),
         "partings": [{"prompt": k, **p} for k, p in enumerate(partings) if p is not None],
+        "notes": list(run.get("notes") or []),
     }
 
 
 def replay_acceptance(records: Sequence[dict], dataset: str) -> dict:
     """The replay's DFlash figures on a dataset, pooled as the engine pools them: tokens a verify step
     commits (tau, the bonus token counted) and the share of steps that accept at least i drafts."""
-    steps = [
-        int(c) for r in records if r["dataset"] == dataset and r["method"] == "dflash" for c in r["committed"]
-    ]
+    mine = [r for r in records if r["dataset"] == dataset and r["method"] == "dflash" and "check" not in r]
+    steps = [int(c) for r in mine for c in r["committed"]]  # the fp32 check's records hold no steps
     if not steps:
         raise ValueError(f"no DFlash records for dataset {dataset!r} in the bench's records")
     depth = max(steps) - 1
@@ -92,6 +92,7 @@ def beside(summary: dict, replay: dict) -> dict:
         "batch": summary["batch"],
         "equal": summary["equal"],
         "partings": summary["partings"],
+        "notes": summary.get("notes", []),
     }
 
 
@@ -127,6 +128,7 @@ def markdown(rows: Sequence[dict], *, engine: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"(!) marks a gap past {GAP_TOLERANCE:.0%}: the engine does not draft as the replay does."]
     for r in rows:
+        lines += [f"- {r['dataset']}: {note}" for note in r.get("notes", [])]
         for p in r["partings"]:
             margin = (
                 "no token pair to weigh"

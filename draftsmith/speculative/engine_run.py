@@ -27,12 +27,13 @@ def engine_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def engine_in_dag(setting: object) -> bool:
+def engine_in_dag(setting: object, *, conda: bool = False) -> bool:
     """Whether the DAG holds the engine bench, from `bench.engine.enabled`; says so in one line where vLLM
-    is absent and the setting is auto, and raises where it is absent and required."""
+    is absent and the setting is auto, and raises where it is absent and required. With `conda` (Snakemake's
+    --use-conda) the job's own environment (envs/serve.yaml) brings vLLM, so it is in the DAG."""
     if setting is False:
         return False
-    if engine_available():
+    if conda or engine_available():
         return True
     if setting is True:
         raise RuntimeError(
@@ -109,6 +110,15 @@ def _timed(llm, prompts: list, params) -> tuple[list, dict]:
     return outs, {"seconds": seconds, "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
 
 
+def _top(llm, prompt, params, want: list[int]) -> list[dict] | None:
+    """A prompt's top log-probabilities a token, or None where this answer is not the one timed (the
+    margins would then be read on another prefix)."""
+    (out,) = llm.generate([prompt], params, use_tqdm=False)
+    if [int(t) for t in out.outputs[0].token_ids] != want:
+        return None
+    return [{str(k): float(v.logprob) for k, v in pos.items()} for pos in (out.outputs[0].logprobs or [])]
+
+
 def serve(spec: dict) -> dict:
     """The pass: a warm-up prompt, then every prompt alone (batch 1, counters read around it), then the
     prompts `batch` at a time; the target-alone pass also asks for the top log-probabilities of each token."""
@@ -136,11 +146,10 @@ def serve(spec: dict) -> dict:
         _, timing = _timed(llm, prompts[i : i + b], params)
         batch = {k: batch[k] + timing[k] for k in batch}
     result["batch"] = batch
-    if not spec.get("drafter"):
-        outs = llm.generate(prompts, SamplingParams(**greedy, logprobs=TOP_LOGPROBS), use_tqdm=False)
+    if not spec.get("drafter"):  # one prompt at a time, as the timed answers were made
         result["top_logprobs"] = [
-            [{str(k): float(v.logprob) for k, v in pos.items()} for pos in (o.outputs[0].logprobs or [])]
-            for o in outs
+            _top(llm, p, SamplingParams(**greedy, logprobs=TOP_LOGPROBS), want)
+            for p, want in zip(prompts, outputs)
         ]
     del llm
     gc.collect()

@@ -33,6 +33,17 @@ SLIDING_NOTE = (
 )
 
 
+def _notes(drafter: str, bench: dict) -> list[str]:
+    """What makes the engine's figures differ from the replay's by design."""
+    notes = [SLIDING_NOTE] if drafter_has_sliding_layers(drafter) else []
+    if float(bench["temperature"]) > 0:
+        notes.append(
+            f"the engine decodes greedily; the replay's tau at bench.temperature {bench['temperature']} "
+            "is not its figure"
+        )
+    return notes
+
+
 def _passes(
     target: Path, drafter: str, ids: list[list[int]], *, bench: dict, stop_ids: list[int]
 ) -> list[dict]:
@@ -92,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         "batch": int(bench["engine"]["batch"]),
         "num_speculative_tokens": specs[0]["num_speculative_tokens"],
         "env": {k: env[k] for k in sorted(env) if k.startswith("VLLM_")},
-        "note": SLIDING_NOTE if drafter_has_sliding_layers(a.drafter) else None,
+        "notes": _notes(a.drafter, bench),
         "passes": passes,
     }
     run["summary"] = engine_summary(run)

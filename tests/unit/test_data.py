@@ -149,3 +149,13 @@ def test_repeated_records_and_the_benchs_prompts_are_left_out_and_counted(tokeni
     assert df["id"].tolist() == ["qa:1", "qa:2"] and stats.duplicates == 1
     df, stats = prepare(str(path), tokenizer, 512, False, regenerate=True)
     assert len(df) == 6 and (stats.duplicates, stats.bench_overlap) == (0, 0)  # both off by default
+
+    # regeneration rewrites the last answer only: an earlier one still tells two conversations apart
+    def chat(first: str) -> list[dict]:
+        said = [("user", "hi"), ("assistant", first), ("user", "and?"), ("assistant", "x")]
+        return [{"role": r, "content": c} for r, c in said]
+
+    turns = [chat(a) for a in ("1", "2", "1")]
+    chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": t} for t in turns])
+    df, stats = prepare(str(chats), tokenizer, 512, False, regenerate=True, dedupe=True)
+    assert len(df) == 2 and stats.duplicates == 1

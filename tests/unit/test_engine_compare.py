@@ -33,6 +33,7 @@ def test_replay_acceptance_pools_steps_as_the_engine_counts_drafts():
         {"dataset": "gsm8k", "method": "dflash", "committed": [4]},
         {"dataset": "gsm8k", "method": "ddtree", "committed": [9, 9]},
         {"dataset": "other", "method": "dflash", "committed": [1]},
+        {"dataset": "gsm8k", "method": "dflash", "check": "fp32", "exact": True},  # no steps: the fp32 check
     ]
     r = replay_acceptance(records, "gsm8k")
     assert r["tau_pooled"] == pytest.approx(10 / 4) and r["steps"] == 4
@@ -57,7 +58,8 @@ def _run(records: list[dict]) -> dict:
         "metrics_before": [],
         "metrics_after": records,
     }
-    return {"dataset": "humaneval", "batch": 2, "passes": {"target": base, "dflash": spec}}
+    notes = ["the drafter has sliding layers"]
+    return {"dataset": "humaneval", "batch": 2, "notes": notes, "passes": {"target": base, "dflash": spec}}
 
 
 def test_engine_run_beside_the_replay_and_its_page():
@@ -80,3 +82,4 @@ def test_engine_run_beside_the_replay_and_its_page():
     assert "| 3.0 / 6.0 | 2.00x | 6.0 / 8.0 (B=2) | 1.33x | 1/2 |" in lines[4]
     assert "| far | 2 | 1.164 | 1.176 | +20.0% (!) |" in lines[5]
     assert "- humaneval prompt 1: leaves greedy at token 1 (margin 0.010 nats)" in lines
+    assert "- humaneval: the drafter has sliding layers" in lines

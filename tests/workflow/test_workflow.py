@@ -260,13 +260,16 @@ def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: P
 )
 def test_presets_pass_the_schema_and_preflight(preset, tmp_path, monkeypatch):
     """Users copy a preset over config.yaml or pass it with --configfile: each must validate as Snakemake will
-    see it (alone, the schema filling the rest; the demo's variants, which name no target, after config.yaml,
-    as the Makefile passes them) and pass the checks that need no weights, once the data files it names are there."""
+    see it (alone, the schema filling the rest; a variant, which names no target, after the preset it varies:
+    `X-name.yaml` after `X.yaml`, the demo's after config.yaml, as the Makefile passes them) and pass the checks
+    that need no weights, once the data files it names are there."""
     from snakemake.utils import update_config, validate
 
     root = Path(__file__).parents[2]
     values = yaml.safe_load((root / "configs" / preset).read_text())
-    config = yaml.safe_load((root / "config.yaml").read_text()) if "target" not in values else {}  # a variant
+    base = root / "configs" / f"{preset.rsplit('-', 1)[0]}.yaml"
+    base = base if base.exists() and "-" in preset else root / "config.yaml"
+    config = yaml.safe_load(base.read_text()) if "target" not in values else {}  # a variant
     update_config(config, values)
     validate(config, str(root / "workflow/schemas/config.schema.yaml"))
     monkeypatch.chdir(tmp_path)

@@ -273,8 +273,10 @@ def bench_parts():
 
 BENCH_PARTS = bench_parts()
 BENCH_DATASETS = {d["name"]: d["path"] for d in config["bench"]["datasets"]}
-try:  # the engine bench (bench.engine): in the DAG where vLLM can be imported, or where it is required
-    ENGINE = engine_in_dag(config["bench"]["engine"]["enabled"])
+# the engine bench (bench.engine): in the DAG where vLLM can be imported, or its job's conda environment brings it
+CONDA_JOBS = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+try:
+    ENGINE = engine_in_dag(config["bench"]["engine"]["enabled"], conda=CONDA_JOBS)
 except RuntimeError as e:
     raise WorkflowError(str(e)) from None
 

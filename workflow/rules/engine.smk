@@ -9,6 +9,8 @@ rule engine_bench:
         unpack(prompts_input),
         drafter=rules.export.output.drafter,
         probe=ancient(rules.probe.output.json),
+        # after the bench: the engine takes a share of whole GPUs' memory, so it shares them with no bench job
+        after=rules.report.output.records,
     output:
         run=f"{RESULTS}/bench/engine/{{dataset}}.json",
     log:
@@ -23,7 +25,17 @@ rule engine_bench:
     params:
         target=target_path(),
         prompts=lambda wildcards: prompts_path(wildcards.dataset),
-        bench=as_json("bench", drop=("compare", "datasets")),
+        bench=as_json(
+            "bench",
+            keep=(
+                "max_prompts",
+                "max_new_tokens",
+                "block_size",
+                "thinking",
+                "temperature",
+                "engine",
+            ),
+        ),
         tcfg=target_json(drop=DATA_JOB_DROP),
     shell:
         "python -m draftsmith.steps.engine_bench --target {params.target} --drafter {input.drafter}"
