@@ -65,25 +65,28 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
         time.sleep(0.05)
 
 
+def short_prompts(root: Path) -> dict:
+    """The data section of a run on RECORDS short prompts, whose every sample reaches max_length, estimated
+    or measured."""
+    data = root / "short.jsonl"
+    data.write_text(
+        "".join(json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(RECORDS))
+    )
+    regen = {"enabled": True, "max_new_tokens": 64, "checks": {"enabled": False}}
+    return {"path": str(data), "max_length": 64, "regenerate": regen}
+
+
 @pytest.fixture(scope="module")
 def rounds_run(tmp_path_factory, tokenizer) -> dict:
     """Three runs of one workflow in three rounds over two epochs: the first meets a damaged shard in epoch 0's
     second round and stops at its validation; the second is held in the middle of epoch 1's second round and its
     training job SIGKILLed; the third, plain `snakemake`, finishes. The states on disk are sampled all along."""
     root = tmp_path_factory.mktemp("rounds")
-    data = root / "short.jsonl"  # short prompts: every sample reaches max_length, estimated or measured
-    data.write_text(
-        "".join(json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(RECORDS))
-    )
     config = make_workflow(
         root,
         tokenizer,
         extract={"shards": 2, "validate_samples": 1, "disk_budget": BUDGET},
-        data={
-            "path": str(data),
-            "max_length": 64,
-            "regenerate": {"enabled": True, "max_new_tokens": 64, "checks": {"enabled": False}},
-        },  # fmt: skip
+        data=short_prompts(root),
         drafter={"num_layers": 1, "block_size": 4},
         train={"epochs": 2, "anchors_per_seq": 8, "token_budget": 512},
         plan={"rates": "node"},
@@ -289,20 +292,12 @@ def test_a_study_size_trains_its_own_rounds_on_the_states_the_main_run_extracts(
     """A study in rounds: the size trains a chain of rounds of its own, beside the main run's, on its seeded
     share of each round's states; each epoch visits that share exactly once, and a round's states wait for
     both trainings before they are deleted."""
-    data = tmp_path / "short.jsonl"
-    data.write_text(
-        "".join(json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(RECORDS))
-    )
     size = 7
     config = make_workflow(
         tmp_path,
         tokenizer,
         extract={"shards": 1, "validate_samples": 1, "disk_budget": 400_000},
-        data={
-            "path": str(data),
-            "max_length": 64,
-            "regenerate": {"enabled": True, "max_new_tokens": 64, "checks": {"enabled": False}},
-        },  # fmt: skip
+        data=short_prompts(tmp_path),
         drafter={"num_layers": 1, "block_size": 4},
         train={"epochs": 1, "anchors_per_seq": 8, "token_budget": 512},
         study={"train_samples": [size]},
