@@ -61,7 +61,7 @@ def engine_env(devices: list[int], extra: dict) -> dict:
     return env
 
 
-def run_pass(spec: dict, out: Path, *, env: dict, log: Path | None = None) -> dict:
+def run_pass(spec: dict, out: Path, *, env: dict) -> dict:
     """Runs one pass (`spec`, see `main`) in a process of its own and returns what it wrote."""
     spec_file = out.with_suffix(".spec.json")
     write_json(spec_file, spec)
