@@ -12,6 +12,7 @@ from draftsmith.config import section_arg
 from draftsmith.core.gpu_pool import acquire
 from draftsmith.core.io import write_json
 from draftsmith.core.runtime import setup_logging
+from draftsmith.preflight import layer_kinds
 from draftsmith.speculative.bench import part_prompts, prompt_ids_of
 from draftsmith.speculative.engine_compare import engine_summary
 from draftsmith.speculative.engine_run import (
@@ -22,7 +23,7 @@ from draftsmith.speculative.engine_run import (
     run_pass,
 )
 from draftsmith.target.files import resolve_target, text_config
-from draftsmith.target.load import load_tokenizer
+from draftsmith.target.load import load_tokenizer, stop_ids
 from draftsmith.target.mask import eos_ids_on_disk
 
 # read from vLLM 0.22.0's DFlash drafter (qwen3_dflash.py), which reads no layer_types nor sliding_window,
@@ -53,7 +54,6 @@ def _passes(
     length = engine["max_model_len"]
     if length == "auto":
         length = max(len(x) for x in ids) + int(bench["max_new_tokens"]) + block
-    text = text_config(target)
     common = {
         "target": str(target),
         "dtype": "bfloat16",
@@ -64,7 +64,7 @@ def _passes(
         "gpu_memory_utilization": float(engine["gpu_memory_utilization"]),
         "batch": int(engine["batch"]),
         "num_speculative_tokens": block - 1,  # the block's first slot holds the last committed token
-        "hybrid": "linear_attention" in (text.get("layer_types") or []) or "full_attention_interval" in text,
+        "hybrid": "linear_attention" in layer_kinds(text_config(target)),
     }
     return [{**common, "name": "target", "drafter": None}, {**common, "name": "dflash", "drafter": drafter}]
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     tok = load_tokenizer(target, tcfg)
     records = part_prompts(a.prompts, bench, part=0, parts=1)
     ids = [prompt_ids_of(r, tok, bool(bench["thinking"])) for r in records]
-    stop = sorted(set(eos_ids_on_disk(target)) | ({tok.eos_token_id} - {None}))
+    stop = stop_ids(eos_ids_on_disk(target), tok)
     specs = _passes(target, a.drafter, ids, bench=bench, stop_ids=stop)
     out = Path(a.out)
     with acquire(a.gpus) as devices, tempfile.TemporaryDirectory(dir=out.parent) as tmp:

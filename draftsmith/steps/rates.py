@@ -40,7 +40,6 @@ def _target_stages(args: argparse.Namespace, devices: list[int], barrier, starte
     """One copy's timings: loading the target, then extraction, regeneration and the bench's decode, each
     begun together with the other copies (`barrier`) so that they share the GPU as the jobs will."""
     tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
-    ecfg, probe = section_arg(args.extract_json, "extract"), read_json(args.probe)
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     t = time.perf_counter()
@@ -48,14 +47,7 @@ def _target_stages(args: argparse.Namespace, devices: list[int], barrier, starte
     out = {"start_s": started, "load_s": time.perf_counter() - t}
     max_length = int(dcfg["max_length"])
     barrier.wait()
-    out |= time_extraction(
-        model,
-        taps=probe["target"]["taps"],
-        token_budget=int(probe["token_budget"]),
-        length=min(EXTRACT_LENGTH, max_length),
-        storage=ecfg["storage"],
-        workdir=Path(args.out).parent,
-    )
+    out |= _time_extraction(model, args)
     barrier.wait()
     if dcfg["regenerate"]["enabled"]:
         slots = int(dcfg["regenerate"]["batch_size"])
@@ -82,20 +74,26 @@ def _warm(args: argparse.Namespace, devices: list[int]) -> None:
     after it see the warm on-disk caches that every job but a run's first one sees."""
     setup_logging()
     set_threads(args.threads)
-    tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
-    probe = read_json(args.probe)
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-    model, _, _ = load_configured_target(resolve_target(args.target), devices, tcfg)
-    time_extraction(
+    model, _, _ = load_configured_target(
+        resolve_target(args.target), devices, section_arg(args.target_json, "target")
+    )
+    _time_extraction(model, args)
+    del model
+    _time_training(args, section_arg(args.data_json, "data"))
+
+
+def _time_extraction(model, args: argparse.Namespace) -> dict:
+    """`time_extraction` at the probe's token budget and the job's storage, written on the results disk."""
+    probe = read_json(args.probe)
+    return time_extraction(
         model,
         taps=probe["target"]["taps"],
         token_budget=int(probe["token_budget"]),
-        length=min(EXTRACT_LENGTH, int(dcfg["max_length"])),
+        length=min(EXTRACT_LENGTH, int(section_arg(args.data_json, "data")["max_length"])),
         storage=section_arg(args.extract_json, "extract")["storage"],
         workdir=Path(args.out).parent,
     )
-    del model
-    _time_training(args, dcfg)
 
 
 def _time_training(args: argparse.Namespace, dcfg: dict) -> dict:

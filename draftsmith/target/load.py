@@ -89,8 +89,13 @@ def load_configured_target(spec: str | Path, devices: list[int], target_cfg: dic
 def eos_ids_of(model, tokenizer) -> list[int]:
     """Every id that ends an answer: the generation config's (often several, e.g. Llama 3's end-of-turn and
     end-of-text) and the tokenizer's. Regeneration and the benchmark stop on the same set."""
-    ids: list[int] = []
     gen = getattr(model, "generation_config", None)
-    for eos in (gen.eos_token_id if gen is not None else None, tokenizer.eos_token_id):
+    return stop_ids(gen.eos_token_id if gen is not None else None, tokenizer)
+
+
+def stop_ids(generation_eos, tokenizer) -> list[int]:
+    """The generation config's end ids (an id, a list or None) and the tokenizer's, as one sorted set."""
+    ids: list[int] = []
+    for eos in (generation_eos, tokenizer.eos_token_id):
         ids += [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
     return sorted(set(ids))

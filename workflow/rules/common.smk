@@ -92,11 +92,8 @@ def as_json(section, drop=(), keep=None, prepare=False):
         values["regenerate"] = {
             k: v for k, v in values["regenerate"].items() if k != "checks"
         }
-        for (
-            key
-        ) in (
-            PREPARE_ONLY
-        ):  # prepare's alone, and there only when set: no other job reruns for them
+        # prepare's alone, and there only when set: no other job reruns for them
+        for key in PREPARE_ONLY:
             if not (prepare and values.get(key)):
                 values.pop(key, None)
     return shlex.quote(json.dumps(values, sort_keys=True))
@@ -417,15 +414,12 @@ def round_dir(n=None):
 def get_study_round_input(wildcards):
     """A study size's round: the main run's inputs for it, and the state the size's position before handed
     on."""
-    out = get_round_input(wildcards, state=False)
-    prev = position_before(int(wildcards.epoch), int(wildcards.pos), 1)
-    if prev is not None:
-        out["state"] = f"{round_dir(wildcards.n)}/e{prev[0]}/p{prev[1]}/state.pt"
-    return out
+    return get_round_input(wildcards, n=wildcards.n)
 
 
-def get_round_input(wildcards, state=True):
-    """The round this position trains, its states, and the state the position before handed on."""
+def get_round_input(wildcards, n=None):
+    """The round this position trains, its states, and the state the position before handed on (the main
+    run's, or study size n's)."""
     epoch, pos = int(wildcards.epoch), int(wildcards.pos)
     rid = ROUND_ORDER[epoch][pos]
     out = {
@@ -437,8 +431,8 @@ def get_round_input(wildcards, state=True):
         "answers": [answers_path(s) for s in SHARDS],
     }
     prev = position_before(epoch, pos, 1)
-    if state and prev is not None:
-        out["state"] = f"{RESULTS}/rounds/e{prev[0]}/p{prev[1]}/state.pt"
+    if prev is not None:
+        out["state"] = f"{round_dir(n)}/e{prev[0]}/p{prev[1]}/state.pt"
     return out
 
 

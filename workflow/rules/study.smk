@@ -22,17 +22,8 @@ if ROUNDS > 1:
             f"{RESULTS}/logs/study/n{{n}}/rounds/e{{epoch}}/p{{pos}}/train.log",
         benchmark:
             f"{RESULTS}/benchmarks/study/n{{n}}/rounds/e{{epoch}}/p{{pos}}/train.tsv"
-        params:
-            target=target_path(),
-            drafter=as_json("drafter"),
+        params:  # the others as the main run's (keyword params not named here are kept)
             train=study_train_json,
-            tcfg=target_json(drop=("dtype", "expect")),
-            data=as_json("data", drop=("path",)),
-            rows=rows_json("round"),
-            order=shlex.quote(json.dumps(ROUND_ORDER)),
-            previous=lambda wildcards, input: (
-                f"--previous {input.state}" if "state" in input.keys() else ""
-            ),
 
     use rule train as study_train with:
         input:
@@ -55,12 +46,8 @@ if ROUNDS > 1:
             f"{RESULTS}/logs/study/n{{n}}/train.log",
         benchmark:
             f"{RESULTS}/benchmarks/study/n{{n}}/train.tsv"
-        params:
-            target=target_path(),
-            out=lambda wildcards, output: os.path.dirname(output.metrics),
-            drafter=as_json("drafter"),
+        params:  # the others as the main run's (keyword params not named here are kept)
             train=study_train_json,
-            tcfg=target_json(drop=("dtype", "expect")),
 
 else:
 
@@ -74,12 +61,8 @@ else:
             f"{RESULTS}/logs/study/n{{n}}/train.log",
         benchmark:
             f"{RESULTS}/benchmarks/study/n{{n}}/train.tsv"
-        params:
-            target=target_path(),
-            out=lambda wildcards, output: os.path.dirname(output.metrics),
-            drafter=as_json("drafter"),
+        params:  # the others as the main run's (keyword params not named here are kept)
             train=study_train_json,
-            tcfg=target_json(drop=("dtype", "expect")),
 
 
 use rule export as study_export with:
