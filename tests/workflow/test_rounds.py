@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, job_counts, make_workflow, snakemake
+from conftest import REPO, digest, job_counts, make_workflow, snakemake
 
 from draftsmith.plan.rounds import round_order
 
@@ -239,6 +240,22 @@ def test_a_changed_budget_keeps_or_replans_the_rounds(rounds_run):
     more = snakemake("-n", *_changed(rounds_run, "more.yaml", extract={"disk_budget": "200KB"}))
     counts = job_counts(more.stdout)
     assert counts["train_round"] > 6 and not UPSTREAM & set(counts), counts
+
+
+def test_answers_carried_to_a_fresh_machine_are_not_decoded_again(rounds_run, tmp_path):
+    """Issue 37's staging across sessions (scripts/gpu_suite.sh, STUDY_ANSWERS): a later machine gets only the
+    answer cache; its regeneration jobs find their answers there and decode nothing."""
+    cfg = yaml.safe_load(rounds_run["config"].read_text())
+    res = tmp_path / "results"
+    cfg["results"] = str(res)
+    (tmp_path / "fresh.yaml").write_text(yaml.safe_dump(cfg))
+    shutil.copytree(rounds_run["res"] / "answers/cache", res / "answers/cache")
+    snakemake("--configfile", str(tmp_path / "fresh.yaml"), "--until", "regenerate")
+    for shard in ("shard000", "shard001"):
+        log = (res / f"logs/regenerate/{shard}.log").read_text()
+        assert "reusing" in log and "regenerated" not in log, log[-2000:]
+        answers = res / f"answers/{shard}.parquet"
+        assert digest(answers) == digest(rounds_run["res"] / f"answers/{shard}.parquet")
 
 
 def test_a_budget_below_one_round_stops_at_plan_time(rounds_run):
