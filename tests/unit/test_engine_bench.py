@@ -50,6 +50,9 @@ def test_the_engines_environment_keeps_what_the_config_sets():
     env = engine_env([0, 0, 0], {"VLLM_HOST_IP": "10.0.0.5"})
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["VLLM_HOST_IP"] == "10.0.0.5"
     assert engine_env([1, 0], {})["VLLM_HOST_IP"] == "127.0.0.1"
+    # both passes on one model runner, unless the config asks for the other (the sliding-drafter case)
+    assert engine_env([0], {})["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert engine_env([0], {"VLLM_USE_V2_MODEL_RUNNER": 1})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
 
 
 @pytest.mark.skipif(engine_available(), reason="vLLM is installed here")

@@ -44,15 +44,18 @@ def test_replay_acceptance_pools_steps_as_the_engine_counts_drafts():
         replay_acceptance(records, "none")
 
 
+PAD = list(range(100, 682))  # 585-token answers: 2 x 584 tokens after the first over 1000 drafts: 1.168
+
+
 def _run(records: list[dict]) -> dict:
     base = {
-        "outputs": [[1, 2, 3], [1, 2, 3]],
+        "outputs": [[1, 2, 3, *PAD], [1, 2, 3, *PAD]],
         "top_logprobs": [[{"1": -0.1}] * 3, [{"1": -0.1}, {"2": -0.3, "8": -0.31}, {"3": -0.1}]],
         "batch1": {"seconds": 2.0, "tokens": 6},
         "batch": {"seconds": 1.0, "tokens": 6},
     }
     spec = {
-        "outputs": [[1, 2, 3], [1, 8, 3]],
+        "outputs": [[1, 2, 3, *PAD], [1, 8, 3, *PAD]],
         "batch1": {"seconds": 1.0, "tokens": 6},
         "batch": {"seconds": 0.75, "tokens": 6},
         "metrics_before": [],
@@ -66,6 +69,7 @@ def test_engine_run_beside_the_replay_and_its_page():
     recorded = json.loads(RECORDED.read_text())
     s = engine_summary(_run(recorded["records"]))
     assert s["acceptance"]["mean_acceptance_length"] == pytest.approx(1.164)
+    assert s["acceptance"]["tokens_a_step"] == pytest.approx(1.168)
     assert s["tokens_per_s"]["batch1"] == {"without": 3.0, "with": 6.0, "speedup": 2.0}
     assert s["tokens_per_s"]["batch"]["speedup"] == pytest.approx(8 / 6)
     assert s["equal"] == 1
@@ -74,12 +78,14 @@ def test_engine_run_beside_the_replay_and_its_page():
     records = [{"dataset": "humaneval", "method": "dflash", "committed": steps}]
     replay = replay_acceptance(records, "humaneval")
     row = beside(s, replay)
-    assert row["gap"] == pytest.approx((1.164 - 1.176) / 1.176) and row["agree"]
+    assert row["gap"] == pytest.approx((1.168 - 1.176) / 1.176) and row["agree"]
     page = markdown([row, {**row, "dataset": "far", "gap": 0.2, "agree": False}], engine="vLLM")
     lines = page.splitlines()
     assert lines[0] == "# The drafter served by vLLM"
-    assert lines[4].startswith("| humaneval | 2 | 1.164 | 1.176 | -1.0% | 0.152 / 0.176 | 0.012 / 0 |")
+    assert lines[2].startswith("| dataset | prompts | vLLM's acceptance length | engine tokens a step |")
+    row_cells = "| humaneval | 2 | 1.164 | 1.168 | 1.176 | -0.7% | 0.152 / 0.176 | 0.012 / 0 |"
+    assert lines[4].startswith(row_cells)
     assert "| 3.0 / 6.0 | 2.00x | 6.0 / 8.0 (B=2) | 1.33x | 1/2 |" in lines[4]
-    assert "| far | 2 | 1.164 | 1.176 | +20.0% (!) |" in lines[5]
+    assert "| far | 2 | 1.164 | 1.168 | 1.176 | +20.0% (!) |" in lines[5]
     assert "- humaneval prompt 1: leaves greedy at token 1 (margin 0.010 nats)" in lines
     assert "- humaneval: the drafter has sliding layers" in lines
