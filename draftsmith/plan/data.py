@@ -128,12 +128,14 @@ def measured(results: str | Path, data: dict) -> DataSize | None:
 
 
 def _cached_answer_tokens(results: Path) -> np.ndarray | None:
-    """Answer lengths of every answer file written so far (the regenerate rule's, or extraction's cache)."""
+    """Answer lengths of every answer file written so far: the regenerate rule's (its cache included, alone
+    on a machine that an earlier session's answers were carried to), or extraction's cache."""
     import pandas as pd
 
-    files = sorted((results / "answers").glob("*.parquet")) + sorted(
-        (results / "extract/regen").glob("*.parquet")
-    )
+    answers = {p.name: p for p in sorted((results / "answers").glob("*.parquet"))}
+    for p in sorted((results / "answers" / "cache").glob("*.parquet")):
+        answers.setdefault(p.name, p)  # the same answers as answers/<shard>.parquet, where both exist
+    files = list(answers.values()) + sorted((results / "extract/regen").glob("*.parquet"))
     if not files:
         return None
     parts = [pd.read_parquet(f, columns=["num_tokens", "prompt_len"]) for f in files]

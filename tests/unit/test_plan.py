@@ -220,6 +220,25 @@ def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
     assert stages["train, all epochs"]["fixed_hours"] == pytest.approx(8 * (5 + 10 + 60) / 3600)  # 8 ranks
 
 
+def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path):
+    """Issue 37's second session holds only the answer cache at parse time; the plan reads it, and counts an
+    answer file and its cache entry once."""
+    from draftsmith.plan.data import measured
+
+    data = with_defaults("data", {"max_length": 1024, "regenerate": {"enabled": True, "max_new_tokens": 512}})
+    (tmp_path / "prepared").mkdir()
+    prompts = pd.DataFrame({"num_tokens": [10, 20], "prompt_len": [10, 20]})
+    prompts.to_parquet(tmp_path / "prepared/samples.parquet")
+    assert measured(tmp_path, data).answer_tokens == 512  # no answers yet: the bound
+    (tmp_path / "answers/cache").mkdir(parents=True)
+    answers = pd.DataFrame({"num_tokens": [110, 320], "prompt_len": [10, 20]})  # answers of 100 and 300
+    answers.to_parquet(tmp_path / "answers/cache/shard000.parquet")
+    size = measured(tmp_path, data)
+    assert size.answer_tokens == 200 and "the mean of 2 cached" in size.source
+    os.link(tmp_path / "answers/cache/shard000.parquet", tmp_path / "answers/shard000.parquet")
+    assert "the mean of 2 cached" in measured(tmp_path, data).source
+
+
 def test_copies_timed_at_once_add_their_throughputs_and_average_their_start_up():
     from draftsmith.steps.rates import combine
 
