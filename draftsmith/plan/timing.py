@@ -108,8 +108,8 @@ def time_bench_decode(model) -> dict:
 
 
 def _train_profile(target_dir: Path, work: Path, *, length: int, taps: list[int], drafter: dict, train: dict):
-    """(seconds to set up, of the first step, of a warm step, samples a step) on one step's batch of random
-    states."""
+    """(seconds to set up, the state's save and load included, of the first step, of a warm step, samples a
+    step) on one step's batch of random states."""
     from draftsmith.drafter.train import EpochPlans, _set_up, _train_step
     from draftsmith.perf.bench_train_loop import write_data
 
@@ -149,7 +149,12 @@ def _train_profile(target_dir: Path, work: Path, *, length: int, taps: list[int]
         _train_step(run, run.model, autocast=autocast, batch=batch, step=step)
         sync_device(run.device)
         seconds.append(time.perf_counter() - t)
-    return setup, seconds[0], float(np.mean(seconds[2:])), in_step
+    # a round's training job loads the state the round before handed on, and saves its own
+    t = time.perf_counter()
+    torch.save({"model": run.model.state_dict(), "opt": run.opt.state_dict()}, work / "state.pt")
+    torch.load(work / "state.pt", map_location=run.device, weights_only=False)
+    state_io = time.perf_counter() - t
+    return setup + state_io, seconds[0], float(np.mean(seconds[2:])), in_step
 
 
 def time_training(target_dir: Path, *, taps: list[int], drafter: dict, train: dict, max_length: int) -> dict:

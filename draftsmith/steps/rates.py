@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 import time
 from pathlib import Path
+from queue import Empty
 
 import torch
 
@@ -106,6 +107,35 @@ def _time_training(args: argparse.Namespace, dcfg: dict) -> dict:
     )
 
 
+def _train_worker(args: argparse.Namespace, devices: list[int], queue) -> None:
+    """The drafter's training timed in a process of its own, as a round's training job runs: what the job pays
+    before its first step (the interpreter, imports, set-up) is measured from this process's start."""
+    started = process_age()
+    setup_logging()
+    set_threads(args.threads)
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    queue.put({"train_start_s": started, **_time_training(args, section_arg(args.data_json, "data"))})
+
+
+def time_training_job(args: argparse.Namespace, devices: list[int]) -> dict:
+    """`_train_worker` in a fresh process on one device (rounds train one at a time)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_train_worker, args=(args, devices[:1], queue))
+    proc.start()
+    while True:  # a process that dies puts nothing: do not wait for it for ever
+        try:
+            out = queue.get(timeout=5)
+            break
+        except Empty:
+            if not proc.is_alive():
+                msg = f"rates: timing the training failed (exit {proc.exitcode}); see the log"
+                raise SystemExit(msg) from None
+    proc.join()
+    return out
+
+
 def warm_caches(args: argparse.Namespace, devices: list[int], per_copy: int) -> None:
     """`_warm` in a process of its own on the first copy's devices (on GPUs: the CPU's figures stay cold)."""
     if not devices:
@@ -173,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             warm_caches(args, devices, per_copy)
             copies = _copies(args, devices, per_copy)
             rates = combine(copies, gpus=len(set(devices)) or 1)
-            rates |= _time_training(args, section_arg(args.data_json, "data"))
+            rates |= time_training_job(args, devices)
         except (RuntimeError, OSError, ValueError, SystemExit) as e:  # out of memory is a RuntimeError
             # a timing is for the plan only: the run goes on, planned from the rates table, and says why
             logging.exception("rates: timing this node failed; the plan uses the rates table")

@@ -43,7 +43,7 @@ def test_two_slots_of_one_gpu_are_timed_together(tmp_path, tokenizer):
     assert timed is not None and timed["rates"]["copies"] == 2 and len(timed["per_copy"]) == 2
     per_copy = [c["extract_tokens_s"] for c in timed["per_copy"]]
     assert timed["rates"]["extract_tokens_s"] == pytest.approx(sum(per_copy))  # one GPU: added
-    for key in ("regenerate_new_tokens_s", "answer_tokens_mean", "bench_tokens_s", "load_s"):
+    for key in ("regenerate_new_tokens_s", "answer_tokens_mean", "bench_tokens_s", "load_s", "train_start_s"):
         assert timed["rates"][key] > 0, key
     assert timed["rates"]["load_s"] == pytest.approx(sum(c["load_s"] for c in timed["per_copy"]) / 2)
     assert timed["device"] != "cpu"
