@@ -92,18 +92,21 @@ for phase in "$@"; do
         }
         echo "{}" > /tmp/study/recipe.yaml  # the preset's recipe, unless the sweep runs and finds a better one
         if [ "${STUDY_ANSWERS:-0}" = 1 ]; then  # issue 37's first session: the answers alone, packed for the next
-            study answers --configfile $CFG ${STUDY_EXTRA:-} answers
+            study answers answers --configfile $CFG ${STUDY_EXTRA:-}
             tar czf - -C $R answers/cache | split -b 30m - /tmp/study/answers.tgz.  # the cache: keyed by content
             echo "study exit $?" >> $LOG; kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
             exit 0
         fi
+        # STUDY_OVERLAY: the rounds' settings over the study's config (the 12k study's by default; empty for a
+        # config that sets its own, as the 40k study's does)
+        OVERLAY=${STUDY_OVERLAY-configs/study-smollm2-rounds.yaml}
         if [ "${STUDY_ROUNDS:-0}" = 1 ]; then  # issue 34: the largest size in rounds, the states' peak sampled
             (peak=0; while sleep 1; do
                 now=$(find $R/rounds -name '*.safetensors' -printf '%b\n' 2>/dev/null | awk '{s += $1 * 512} END {print s + 0}')
                 [ "$now" -gt "$peak" ] && peak=$now && echo $peak > /tmp/study/peak
             done) &
             PEAK=$!
-            study rounds --configfile $CFG configs/study-smollm2-rounds.yaml ${STUDY_EXTRA:-} --keep-going
+            study rounds --keep-going --configfile $CFG $OVERLAY ${STUDY_EXTRA:-}
             echo "study exit $?" >> $LOG
             kill $MONITOR $PEAK 2>/dev/null; date +%T > /tmp/study/done
             exit 0
