@@ -16,7 +16,9 @@ NEEDS=scripts/vllm_needs.txt
 WHEELS=/tmp/vllm_wheels
 LIMIT=58000000        # bytes a folder: 64 MiB (67108864) a call less room for the working tree
 PART=57000000         # bytes a part of a cut wheel, leaving room in its folder for small files
-LEFT_OUT="flashinfer-cubin tilelang llguidance"   # vllm declares them; found unneeded on 2026-12-04
+# vllm declares them: found unneeded on 2026-12-04 (the first three), or imported only on paths the engine bench
+# does not take (the kernels: scripts/vllm_needs.txt says which)
+LEFT_OUT="flashinfer-cubin tilelang llguidance nvidia-cutlass-dsl quack-kernels tokenspeed-mla humming-kernels"
 # the GPU image's packages (its package list as read on 2026-11-17); the check below counts them as there
 IMAGE_HAS="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
