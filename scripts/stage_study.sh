@@ -39,7 +39,7 @@ done < /tmp/stage_wheels.txt
 
 # the GGUF in two parts
 GGUF=$($PY -c "from draftsmith.demo.real import smollm2_gguf; print(smollm2_gguf())")
-rm -rf .stage && mkdir -p .stage/a .stage/b /tmp/stage_inputs/web
+rm -rf .stage /tmp/stage_inputs && mkdir -p .stage/a .stage/b /tmp/stage_inputs/web  # nothing of an earlier staging
 head -c $SPLIT "$GGUF" > .stage/a/gguf.part
 tail -c +$((SPLIT + 1)) "$GGUF" > .stage/b/gguf.part
 sha256sum < "$GGUF" | cut -c1-64 > .stage/b/gguf.sha256
