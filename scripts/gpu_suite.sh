@@ -93,8 +93,9 @@ for phase in "$@"; do
         echo "{}" > /tmp/study/recipe.yaml  # the preset's recipe, unless the sweep runs and finds a better one
         if [ "${STUDY_ANSWERS:-0}" = 1 ]; then  # issue 37's first session: the answers alone, packed for the next
             study answers answers --configfile $CFG ${STUDY_EXTRA:-}
+            echo "study exit $?" >> $LOG
             tar czf - -C $R answers/cache | split -b 30m - /tmp/study/answers.tgz.  # the cache: keyed by content
-            echo "study exit $?" >> $LOG; kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
+            kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
             exit 0
         fi
         # STUDY_OVERLAY: the rounds' settings over the study's config (the 12k study's by default; empty for a

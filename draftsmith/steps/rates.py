@@ -64,18 +64,45 @@ def _target_stages(args: argparse.Namespace, devices: list[int], barrier, starte
     return out | time_bench_decode(model)
 
 
-def _worker(args: argparse.Namespace, devices: list[int], barrier, queue) -> None:
+def _child(args: argparse.Namespace, devices: list[int]) -> None:
+    """A timing process's set-up: logging, threads, and the devices it runs on (none: the CPU)."""
     setup_logging()
     set_threads(args.threads)
-    queue.put(_target_stages(args, devices, barrier, process_age()))
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+
+
+def _results(procs: list, queue, what: str) -> list:
+    """One result from each started process. A process that dies puts nothing, and copies waiting at a
+    barrier for it would wait for ever: the others are stopped and the job fails, naming `what`."""
+    out: list = []
+    while len(out) < len(procs):
+        try:
+            out.append(queue.get(timeout=1))
+        except Empty:
+            dead = [p for p in procs if not p.is_alive() and p.exitcode]
+            if dead:
+                for p in procs:
+                    p.terminate()
+                msg = f"rates: {what} failed (exit {dead[0].exitcode}); see the log above"
+                raise SystemExit(msg) from None
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise SystemExit(f"rates: {what} failed (exit {p.exitcode}); see the log above")
+    return out
+
+
+def _worker(args: argparse.Namespace, devices: list[int], barrier, queue) -> None:
+    started = process_age()
+    _child(args, devices)
+    queue.put(_target_stages(args, devices, barrier, started))
 
 
 def _warm(args: argparse.Namespace, devices: list[int]) -> None:
     """Compiles what the jobs compile (the extraction's kernels, the drafter's step), so that the timings
     after it see the warm on-disk caches that every job but a run's first one sees."""
-    setup_logging()
-    set_threads(args.threads)
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    _child(args, devices)
     model, _, _ = load_configured_target(
         resolve_target(args.target), devices, section_arg(args.target_json, "target")
     )
@@ -111,10 +138,7 @@ def _train_worker(args: argparse.Namespace, devices: list[int], queue) -> None:
     """The drafter's training timed in a process of its own, as a round's training job runs: what the job pays
     before its first step (the interpreter, imports, set-up) is measured from this process's start."""
     started = process_age()
-    setup_logging()
-    set_threads(args.threads)
-    if devices:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    _child(args, devices)
     queue.put({"train_start_s": started, **_time_training(args, section_arg(args.data_json, "data"))})
 
 
@@ -124,16 +148,7 @@ def time_training_job(args: argparse.Namespace, devices: list[int]) -> dict:
     queue = ctx.Queue()
     proc = ctx.Process(target=_train_worker, args=(args, devices[:1], queue))
     proc.start()
-    while True:  # a process that dies puts nothing: do not wait for it for ever
-        try:
-            out = queue.get(timeout=5)
-            break
-        except Empty:
-            if not proc.is_alive():
-                msg = f"rates: timing the training failed (exit {proc.exitcode}); see the log"
-                raise SystemExit(msg) from None
-    proc.join()
-    return out
+    return _results([proc], queue, "timing the training")[0]
 
 
 def warm_caches(args: argparse.Namespace, devices: list[int], per_copy: int) -> None:
@@ -160,12 +175,7 @@ def _copies(args: argparse.Namespace, devices: list[int], per_copy: int) -> list
     ]
     for p in procs:
         p.start()
-    results = [queue.get() for _ in procs]
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            raise SystemExit(f"rates: a timing process failed (exit {p.exitcode}); see the log above")
-    return results
+    return _results(procs, queue, "a timing process")
 
 
 def combine(copies: list[dict], *, gpus: int) -> dict:

@@ -239,6 +239,23 @@ def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path
     assert "the mean of 2 cached" in measured(tmp_path, data).source
 
 
+def test_a_timing_process_that_dies_stops_the_others_and_fails_the_job():
+    """A copy that dies puts no result, and the copies waiting at a barrier for it would wait for ever."""
+    import multiprocessing as mp
+    import time
+
+    from draftsmith.steps.rates import _results
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=sys.exit, args=(3,)), ctx.Process(target=time.sleep, args=(600,))]
+    for p in procs:
+        p.start()
+    with pytest.raises(SystemExit, match="a timing process failed \\(exit 3\\)"):
+        _results(procs, ctx.Queue(), "a timing process")
+    procs[1].join(timeout=10)
+    assert not procs[1].is_alive()
+
+
 def test_copies_timed_at_once_add_their_throughputs_and_average_their_start_up():
     from draftsmith.steps.rates import combine
 
