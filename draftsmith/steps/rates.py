@@ -108,7 +108,7 @@ def _warm(args: argparse.Namespace, devices: list[int]) -> None:
     )
     _time_extraction(model, args)
     del model
-    _time_training(args, section_arg(args.data_json, "data"))
+    _time_training(args)
 
 
 def _time_extraction(model, args: argparse.Namespace) -> dict:
@@ -124,13 +124,13 @@ def _time_extraction(model, args: argparse.Namespace) -> dict:
     )
 
 
-def _time_training(args: argparse.Namespace, dcfg: dict) -> dict:
+def _time_training(args: argparse.Namespace) -> dict:
     return time_training(
         resolve_target(args.target),
         taps=read_json(args.probe)["target"]["taps"],
         drafter=section_arg(args.drafter_json, "drafter"),
         train=section_arg(args.train_json, "train"),
-        max_length=int(dcfg["max_length"]),
+        max_length=int(section_arg(args.data_json, "data")["max_length"]),
     )
 
 
@@ -139,7 +139,7 @@ def _train_worker(args: argparse.Namespace, devices: list[int], queue) -> None:
     before its first step (the interpreter, imports, set-up) is measured from this process's start."""
     started = process_age()
     _child(args, devices)
-    queue.put({"train_start_s": started, **_time_training(args, section_arg(args.data_json, "data"))})
+    queue.put({"train_start_s": started, **_time_training(args)})
 
 
 def time_training_job(args: argparse.Namespace, devices: list[int]) -> dict:
