@@ -16,9 +16,12 @@ NEEDS=scripts/vllm_needs.txt
 WHEELS=/tmp/vllm_wheels
 LIMIT=58000000        # bytes a folder: 64 MiB (67108864) a call less room for the working tree
 PART=57000000         # bytes a part of a cut wheel, leaving room in its folder for small files
-# vllm declares them: found unneeded on 2026-12-04 (the first three), or imported only on paths the engine bench
+# vllm declares them: found unneeded on 2026-12-04 (the first two), or imported only on paths the engine bench
 # does not take (the kernels: scripts/vllm_needs.txt says which)
-LEFT_OUT="flashinfer-cubin tilelang llguidance nvidia-cutlass-dsl quack-kernels tokenspeed-mla humming-kernels"
+LEFT_OUT="flashinfer-cubin tilelang nvidia-cutlass-dsl quack-kernels tokenspeed-mla humming-kernels"
+# staged at a release older than vllm asks, on purpose (scripts/vllm_needs.txt says why): the check names them
+# without counting them as needs to look at
+BEHIND="llguidance"
 # the GPU image's packages (its package list as read on 2026-11-17); the check below counts them as there
 IMAGE_HAS="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
@@ -59,13 +62,13 @@ stage() {
 
     # check: every need the wheels declare (for Python 3.12 on Linux x86_64, with the extras asked of them) is
     # staged at a version it accepts, or in the image, or left out on purpose; prints what is not
-    "$py" - "$WHL" "$IMAGE_HAS" "$LEFT_OUT" <<'EOF'
+    "$py" - "$WHL" "$IMAGE_HAS" "$LEFT_OUT" "$BEHIND" <<'EOF'
 import email, sys, zipfile
 from pathlib import Path
 from pip._vendor.packaging.requirements import Requirement
 from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename
 
-whl_dir, image, left_out = sys.argv[1], set(sys.argv[2].split()), set(sys.argv[3].split())
+whl_dir, image, left_out, behind = sys.argv[1], set(sys.argv[2].split()), set(sys.argv[3].split()), sys.argv[4].split()
 staged = {}
 for wheel in sorted(Path(whl_dir).glob("*.whl")):
     name, version, _, _ = parse_wheel_filename(wheel.name)
@@ -91,7 +94,9 @@ while grew:  # the extras asked of a package can ask extras of another: go on un
 problems = set()
 for name, r in active:
     dep = canonicalize_name(r.name)
-    if dep in staged and not r.specifier.contains(staged[dep][0], prereleases=True):
+    if dep in staged and not r.specifier.contains(staged[dep][0], prereleases=True) and dep in behind:
+        print(f"behind on purpose: {name} asks {r.name}{r.specifier}, staged {staged[dep][0]}")
+    elif dep in staged and not r.specifier.contains(staged[dep][0], prereleases=True):
         problems.add(f"{name} asks {r.name}{r.specifier}, staged {staged[dep][0]}")
     elif dep not in staged and dep not in image and dep not in left_out:
         problems.add(f"{name} asks {r.name}{r.specifier or ''}: neither staged nor in the image")
@@ -165,7 +170,8 @@ unpack() {
 
     if [ "${2:-}" = install ]; then
         # vllm from these wheels and what the image has; should the resolver stop at a need left out on
-        # purpose (flashinfer-cubin, tilelang, llguidance), install each staged wheel without its needs
+        # purpose (flashinfer-cubin, tilelang, the kernels) or staged behind (llguidance), install each staged
+        # wheel without its needs
         # instead and let pip check name what is still unmet
         if ! "$py" -m pip install --no-index --find-links "$WHEELS" vllm==0.22.0; then
             echo "the resolver stopped: installing the staged wheels with --no-deps" >&2

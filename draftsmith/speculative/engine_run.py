@@ -51,15 +51,18 @@ def drafter_has_sliding_layers(drafter_dir: str | Path) -> bool:
 def engine_env(devices: list[int], extra: dict) -> dict:
     """The pass's environment: the job's devices, a loopback address for the engine's own set-up (a machine's
     hostname can resolve to an address nothing routes, where vLLM waits for ever), no usage report, the V1
-    model runner for both passes, then `bench.engine.env`. vLLM 0.22 picks its V2 runner for some targets
-    alone (Qwen3) and falls back to V1 with a DFlash drafter: without the pin the two passes would run
-    different runners, and the speedup would measure them."""
+    model runner for both passes, PyTorch's sampler, then `bench.engine.env`. vLLM 0.22 picks its V2 runner
+    for some targets alone (Qwen3) and falls back to V1 with a DFlash drafter: without the pin the two passes
+    would run different runners, and the speedup would measure them. Its start-up warms the sampler with
+    top-k/top-p even for greedy requests, and FlashInfer's sampler is compiled from source there when no
+    prebuilt kernels are installed; the bench is greedy, so it never uses the one it would wait for."""
     env = dict(os.environ)
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in sorted(set(devices)))
     env.setdefault("VLLM_HOST_IP", "127.0.0.1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.update({str(k): str(v) for k, v in extra.items()})
     return env
 

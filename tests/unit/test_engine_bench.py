@@ -53,6 +53,8 @@ def test_the_engines_environment_keeps_what_the_config_sets():
     # both passes on one model runner, unless the config asks for the other (the sliding-drafter case)
     assert engine_env([0], {})["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert engine_env([0], {"VLLM_USE_V2_MODEL_RUNNER": 1})["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert engine_env([0], {})["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert engine_env([0], {"VLLM_USE_FLASHINFER_SAMPLER": 1})["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
 
 
 @pytest.mark.skipif(engine_available(), reason="vLLM is installed here")
