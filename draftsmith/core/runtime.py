@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import Any
 
 import torch
+
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -25,11 +28,16 @@ def json_arg(text: str) -> Any:
 
 
 def set_threads(threads: int | None) -> None:
-    """CPU jobs share the machine: each uses only the threads Snakemake gave it."""
+    """Jobs share the machine: each uses only the threads Snakemake gave it, for its own ops and for the
+    workers Inductor compiles with. Those are one a core of the whole machine by default, each a process that
+    imports torch, started by a job's first `torch.compile` even when the compile cache answers it: with
+    eight jobs on a node, eight such pools. `TORCHINDUCTOR_COMPILE_THREADS`, when set, wins."""
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
+        os.environ.setdefault(COMPILE_THREADS_ENV, str(threads))
+        inductor = sys.modules.get("torch._inductor.config")  # read once, as it is imported: set it too
+        if inductor is not None:
+            inductor.compile_threads = int(os.environ[COMPILE_THREADS_ENV])
 
 
 def cpu_computes_bf16() -> bool:

@@ -34,3 +34,23 @@ def test_a_step_keeps_tritons_autotuning_results_on_disk_unless_told_otherwise()
         text=True,
     )
     assert off.stdout.strip() == "False", off.stderr[-2000:]
+
+
+def test_a_jobs_compile_workers_are_its_threads_whether_inductor_was_loaded_before_or_after():
+    """Inductor sizes its pool of compile processes to the whole machine unless told; a job's share is its
+    threads. Each case in a fresh process, as a job starts."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"}
+    before = (
+        "import torch._inductor.config as c; from draftsmith.core.runtime import set_threads; set_threads(5);"
+        " print(c.compile_threads)"
+    )
+    after = (
+        "from draftsmith.core.runtime import set_threads; set_threads(5);"
+        " import torch._inductor.config as c; print(c.compile_threads)"
+    )
+    for code in (before, after):
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.stdout.strip() == "5", run.stderr[-2000:]
+    told_env = {**env, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    told = subprocess.run([sys.executable, "-c", after], env=told_env, capture_output=True, text=True)
+    assert told.stdout.strip() == "1", told.stderr[-2000:]
