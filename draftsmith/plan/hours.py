@@ -193,8 +193,9 @@ def timed_hours(
         + math.ceil(w["trained_tokens"] / budget) * r["train_s_per_step"]
     )
     # timed alone on one GPU (rounds train one at a time): DDP over train.gpus splits the work, and every
-    # rank pays the start-up (timed in a fresh process, as a job starts; older rates files lack it)
+    # rank pays the start-up and the end (timed in a fresh process as a job runs; older rates files lack them)
     train_job = r.get("train_start_s", r["start_s"]) + r["train_setup_s"] + r["train_first_step_s"]
+    train_job += r.get("train_end_s", 0.0)
     rate = w["trained_tokens"] / max(per_epoch, 1e-9)
     out["train per epoch"] = _row(per_epoch * share, rate, "tokens/s", src, trainers)
     out["train, all epochs"] = _row(

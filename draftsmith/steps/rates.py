@@ -139,16 +139,19 @@ def _train_worker(args: argparse.Namespace, devices: list[int], queue) -> None:
     before its first step (the interpreter, imports, set-up) is measured from this process's start."""
     started = process_age()
     _child(args, devices)
-    queue.put({"train_start_s": started, **_time_training(args)})
+    queue.put({"train_start_s": started, **_time_training(args), "done_at": time.time()})
 
 
 def time_training_job(args: argparse.Namespace, devices: list[int]) -> dict:
-    """`_train_worker` in a fresh process on one device (rounds train one at a time)."""
+    """`_train_worker` in a fresh process on one device (rounds train one at a time), and what its end costs:
+    from its result to its exit (the compile workers' and the GPU's teardown), which a job pays too."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_train_worker, args=(args, devices[:1], queue))
     proc.start()
-    return _results([proc], queue, "timing the training")[0]
+    out = _results([proc], queue, "timing the training")[0]
+    out["train_end_s"] = max(0.0, time.time() - out.pop("done_at"))
+    return out
 
 
 def warm_caches(args: argparse.Namespace, devices: list[int], per_copy: int) -> None:

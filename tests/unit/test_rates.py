@@ -45,5 +45,6 @@ def test_two_slots_of_one_gpu_are_timed_together(tmp_path, tokenizer):
     assert timed["rates"]["extract_tokens_s"] == pytest.approx(sum(per_copy))  # one GPU: added
     for key in ("regenerate_new_tokens_s", "answer_tokens_mean", "bench_tokens_s", "load_s", "train_start_s"):
         assert timed["rates"][key] > 0, key
+    assert 0 < timed["rates"]["train_end_s"] < 60  # the timing process's exit, after its result
     assert timed["rates"]["load_s"] == pytest.approx(sum(c["load_s"] for c in timed["per_copy"]) / 2)
     assert timed["device"] != "cpu"

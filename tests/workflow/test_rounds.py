@@ -293,6 +293,7 @@ def test_the_plan_is_timed_on_this_node_and_checked_against_the_run(rounds_run):
     timed = json.loads((res / "rates.json").read_text())["rates"]
     for key in ("extract_tokens_s", "regenerate_new_tokens_s", "bench_tokens_s", "load_s", "start_s", "train_start_s"):
         assert timed[key] > 0, (key, timed)
+    assert 0 < timed["train_end_s"] < 60, timed  # a training job's exit, timed after its result
     assert timed["train_s_per_sample"] + timed["train_s_per_step"] > 0, timed
     plan = json.loads((res / "plan.json").read_text())
     assert all("timed on this node" in s["source"] for s in plan["stages"].values()), plan["stages"]
