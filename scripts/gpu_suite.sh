@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|engine_real|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|engine_real|engine_demo|engine_sliding|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -308,6 +308,24 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
                 --json-out "$OUT/regen_refill${mode:+_any}.json" 2>&1 | grep --line-buffered -v Warning \
                 | tee "$OUT/regen_refill${mode:+_any}.log"
         done
+        ;;
+    engine_demo|engine_sliding)  # issue 38's other cases, once vLLM is installed: the embedded demo (a tiny Gated
+        # DeltaNet hybrid target) to the engine bench; engine_sliding: its drafter with a sliding layer
+        # (configs/demo-sliding.yaml), on the V1 runner (0.22.0 serves it as full attention), or with ENGINE_V2=1
+        # on the V2 runner, which 0.22.0's code refuses DFlash on (docs/serving.md): the verdict, measured
+        CFGS="config.yaml" R=results
+        if [ $phase = engine_sliding ]; then
+            CFGS="config.yaml configs/demo-sliding.yaml" R=results/sliding
+            if [ "${ENGINE_V2:-0}" = 1 ]; then
+                printf 'bench: {engine: {env: {VLLM_USE_V2_MODEL_RUNNER: "1"}}}\n' > /tmp/engine_v2.yaml
+                CFGS="$CFGS /tmp/engine_v2.yaml"
+            fi
+        fi
+        DRAFTSMITH_GPUS=0 python3 -m snakemake engine_report --configfile $CFGS --cores 16 --resources gpu=1 \
+            > "$OUT/${phase}_snakemake.log" 2>&1
+        echo "$phase exit $?"; grep -h -A12 "Error in rule" "$OUT/${phase}_snakemake.log" | head -40
+        mkdir -p "$OUT/$phase" && cp $R/bench/engine.md $R/bench/engine.json $R/bench/summary.md "$OUT/$phase/" 2>/dev/null
+        tail -n 30 $R/logs/engine/*.log > "$OUT/$phase/engine_logs.txt" 2>&1; cat "$OUT/$phase/engine.md" 2>/dev/null
         ;;
     engine_real)  # issue 38: demo-real's DAG to the engine bench, once vLLM is installed (scripts/stage_vllm.sh
         # unpack DIR ... install, calls back to back). The GGUF comes from the study's stage (.stage/a in an

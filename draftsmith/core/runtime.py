@@ -37,7 +37,7 @@ def set_threads(threads: int | None) -> None:
         os.environ.setdefault(COMPILE_THREADS_ENV, str(threads))
         inductor = sys.modules.get("torch._inductor.config")  # read once, as it is imported: set it too
         if inductor is not None:
-            inductor.compile_threads = int(os.environ[COMPILE_THREADS_ENV])
+            inductor.compile_threads = int(os.environ[COMPILE_THREADS_ENV])  # type: ignore[attr-defined]
 
 
 def cpu_computes_bf16() -> bool:

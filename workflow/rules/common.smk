@@ -356,6 +356,10 @@ ROUND_ORDER = [
 ]
 # the budget and the rounds in flight change the rounds, never the bytes of a shard
 EXTRACT_DROP = ("disk_budget", "rounds_in_flight")
+# Snakemake's priorities for the rounds' jobs: a job nearer a training goes first, so the slots finish the next
+# round before they start one further ahead (on the H200 a round's last validation waited 10 s for a slot
+# behind the following round's extractions, and its training for it)
+ROUND_PRIORITY = {"extract": 1, "validate": 2, "merge": 3, "train": 4}
 
 
 # Training in rounds (workflow/rules/rounds.smk)

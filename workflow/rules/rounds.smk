@@ -55,6 +55,7 @@ use rule extract as extract_round with:
         f"{RESULTS}/logs/rounds/e{{epoch}}/extract/{{shard}}.r{{round}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/rounds/e{{epoch}}/extract/{{shard}}.r{{round}}.tsv"
+    priority: ROUND_PRIORITY["extract"]
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
@@ -80,6 +81,7 @@ use rule validate as validate_round with:
         f"{RESULTS}/logs/rounds/e{{epoch}}/validate/{{shard}}.r{{round}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/rounds/e{{epoch}}/validate/{{shard}}.r{{round}}.tsv"
+    priority: ROUND_PRIORITY["validate"]
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
@@ -102,6 +104,7 @@ use rule merge as merge_round with:
         manifest=f"{RESULTS}/rounds/e{{epoch}}/r{{round}}/manifest.json",
     log:
         f"{RESULTS}/logs/rounds/e{{epoch}}/merge.r{{round}}.log",
+    priority: ROUND_PRIORITY["merge"]
 
 
 use rule extract as extract_heldout with:
@@ -117,6 +120,7 @@ use rule extract as extract_heldout with:
         f"{RESULTS}/logs/rounds/heldout/extract/{{shard}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/rounds/heldout/extract/{{shard}}.tsv"
+    priority: ROUND_PRIORITY["extract"]
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
@@ -139,6 +143,7 @@ use rule validate as validate_heldout with:
         f"{RESULTS}/logs/rounds/heldout/validate/{{shard}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/rounds/heldout/validate/{{shard}}.tsv"
+    priority: ROUND_PRIORITY["validate"]
     params:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
@@ -155,6 +160,7 @@ use rule merge as merge_heldout with:
         manifest=f"{RESULTS}/rounds/heldout/manifest.json",
     log:
         f"{RESULTS}/logs/rounds/heldout/merge.log",
+    priority: ROUND_PRIORITY["merge"]
 
 
 rule train_round:
@@ -169,6 +175,7 @@ rule train_round:
         f"{RESULTS}/logs/rounds/e{{epoch}}/p{{pos}}/train.log",
     benchmark:
         f"{RESULTS}/benchmarks/rounds/e{{epoch}}/p{{pos}}/train.tsv"
+    priority: ROUND_PRIORITY["train"]
     conda:
         "../../envs/draftsmith.yaml"
     threads: train_threads()
