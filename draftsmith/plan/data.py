@@ -22,6 +22,7 @@ class DataSize:
     answer_tokens: float  # mean per sample: the last assistant turn (the bound when regenerating)
     tokens_bound: float  # mean tokens a sample can take on disk, capped by data.max_length
     source: str  # "estimate", "measured" or "measured prompts; answers bounded by max_new_tokens"
+    answers_bounded: bool = False  # the target writes the answers, and none is written yet: their bound
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -91,6 +92,7 @@ def estimate(paths: list[str], data: dict) -> DataSize | None:
 def _sized(samples: int, prompt: np.ndarray, answer: np.ndarray, data: dict, *, source: str) -> DataSize:
     """Means per sample, the answer replaced by its bound when the target writes the answers."""
     regen = data["regenerate"]
+    bounded = bool(regen["enabled"]) and (source == "estimate" or "bounded" in source)
     if regen["enabled"] and source == "estimate":
         answer = np.full_like(prompt, float(regen["max_new_tokens"]))
     cap = float(data["max_length"])
@@ -101,6 +103,7 @@ def _sized(samples: int, prompt: np.ndarray, answer: np.ndarray, data: dict, *, 
         answer_tokens=float(answer.mean()) if len(answer) else 0.0,
         tokens_bound=float(bound.mean()) if len(bound) else 0.0,
         source=source,
+        answers_bounded=bounded,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -89,6 +90,22 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
     }
 
 
+def timed_answers(size: DataSize, mean: float | None) -> DataSize:
+    """Before any answer is regenerated the plan knows only their bound; the rates job regenerated some from
+    the run's own prompts with its settings, so the GPU-hours take their mean length (the disk keeps the
+    bound: a round must fit whatever the answers come to)."""
+    if mean is None or not size.answers_bounded or not 0 < mean < size.answer_tokens:
+        return size
+    shorter = size.answer_tokens - float(mean)  # a sample's tokens less that, where data.max_length allows
+    return replace(
+        size,
+        answer_tokens=float(mean),
+        tokens_bound=max(size.prompt_tokens, size.tokens_bound - shorter),
+        source=f"answers at the mean of the rates job's, {float(mean):.0f} tokens",
+        answers_bounded=False,
+    )
+
+
 def _row(seconds: float, rate: float, unit: str, source: str, gpus: int, fixed: float = 0.0) -> dict:
     return {
         "gpu_hours": (seconds + fixed) / 3600,
@@ -153,17 +170,17 @@ def timed_hours(
 ) -> dict:
     """GPU-hours from this node's timed rates, each job's start-up and loading included (at a shared GPU's
     share for a job that holds one slot of it)."""
-    r, w, every = (
-        timed["rates"],
-        _work(config, size, bench_prompts=bench_prompts),
-        max(1, gpus),
-    )
+    r, every = timed["rates"], max(1, gpus)
+    size = timed_answers(size, r.get("answer_tokens_mean"))
+    w = _work(config, size, bench_prompts=bench_prompts)
     share = max(1, int(timed.get("gpus_per_copy", 1))) / max(1, int(r.get("copies", 1)))  # of a GPU, a job
     slots = gpus or int(config["extract"]["cpu_slots"])
     jobs = job_counts(config, rounds=rounds, passes=passes, base_shards=base_shards, slots=slots)
     trainers = max(1, min(int(config["train"]["gpus"]), gpus))
     target_job = r["start_s"] + r["load_s"]
     src = f"timed on this node ({timed['device']}, {r['copies']} at once)"
+    if "rates job" in size.source:
+        src += f"; {size.source}"
     ext = r["extract_tokens_s"]
     out: dict = {}
     if config["data"]["regenerate"]["enabled"]:
