@@ -89,12 +89,14 @@ def estimate(paths: list[str], data: dict) -> DataSize | None:
     return _sized(total, prompt, answer, data, source="estimate")
 
 
-def _sized(samples: int, prompt: np.ndarray, answer: np.ndarray, data: dict, *, source: str) -> DataSize:
-    """Means per sample, the answer replaced by its bound when the target writes the answers."""
+def _sized(
+    samples: int, prompt: np.ndarray, answer: np.ndarray, data: dict, *, source: str, bounded: bool = False
+) -> DataSize:
+    """Means per sample, the answer replaced by its bound when the target writes the answers (`bounded`: the
+    answers given are that bound already)."""
     regen = data["regenerate"]
-    bounded = bool(regen["enabled"]) and (source == "estimate" or "bounded" in source)
     if regen["enabled"] and source == "estimate":
-        answer = np.full_like(prompt, float(regen["max_new_tokens"]))
+        answer, bounded = np.full_like(prompt, float(regen["max_new_tokens"])), True
     cap = float(data["max_length"])
     bound = np.minimum(prompt + answer, cap)
     return DataSize(
@@ -118,7 +120,7 @@ def measured(results: str | Path, data: dict) -> DataSize | None:
     df = pd.read_parquet(prepared, columns=["num_tokens", "prompt_len"])
     prompt = df["prompt_len"].to_numpy(dtype=np.float64)
     answer = (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.float64)
-    source = "measured"
+    source, bounded = "measured", False
     if data["regenerate"]["enabled"]:
         answered = _cached_answer_tokens(Path(results))
         if answered is not None and len(answered):
@@ -126,8 +128,8 @@ def measured(results: str | Path, data: dict) -> DataSize | None:
             source = f"measured; answers: the mean of {len(answered)} cached"
         else:
             answer = np.full_like(prompt, float(data["regenerate"]["max_new_tokens"]))
-            source = "measured prompts; answers bounded by max_new_tokens"
-    return _sized(len(df), prompt, answer, data, source=source)
+            source, bounded = "measured prompts; answers bounded by max_new_tokens", True
+    return _sized(len(df), prompt, answer, data, source=source, bounded=bounded)
 
 
 def _cached_answer_tokens(results: Path) -> np.ndarray | None:

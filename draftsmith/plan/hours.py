@@ -92,18 +92,12 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
 
 def timed_answers(size: DataSize, mean: float | None) -> DataSize:
     """Before any answer is regenerated the plan knows only their bound; the rates job regenerated some from
-    the run's own prompts with its settings, so the GPU-hours take their mean length (the disk keeps the
-    bound: a round must fit whatever the answers come to)."""
+    the run's own prompts with its settings, so regeneration's GPU-hours take their mean length. Extraction
+    and training keep the bound, as the disk does: their tokens a sample are capped by data.max_length
+    sample by sample, which a mean cannot say."""
     if mean is None or not size.answers_bounded or not 0 < mean < size.answer_tokens:
         return size
-    shorter = size.answer_tokens - float(mean)  # a sample's tokens less that, where data.max_length allows
-    return replace(
-        size,
-        answer_tokens=float(mean),
-        tokens_bound=max(size.prompt_tokens, size.tokens_bound - shorter),
-        source=f"answers at the mean of the rates job's, {float(mean):.0f} tokens",
-        answers_bounded=False,
-    )
+    return replace(size, answer_tokens=float(mean), answers_bounded=False)
 
 
 def _row(seconds: float, rate: float, unit: str, source: str, gpus: int, fixed: float = 0.0) -> dict:
@@ -171,7 +165,7 @@ def timed_hours(
     """GPU-hours from this node's timed rates, each job's start-up and loading included (at a shared GPU's
     share for a job that holds one slot of it)."""
     r, every = timed["rates"], max(1, gpus)
-    size = timed_answers(size, r.get("answer_tokens_mean"))
+    answered = timed_answers(size, r.get("answer_tokens_mean"))
     w = _work(config, size, bench_prompts=bench_prompts)
     share = max(1, int(timed.get("gpus_per_copy", 1))) / max(1, int(r.get("copies", 1)))  # of a GPU, a job
     slots = gpus or int(config["extract"]["cpu_slots"])
@@ -179,17 +173,16 @@ def timed_hours(
     trainers = max(1, min(int(config["train"]["gpus"]), gpus))
     target_job = r["start_s"] + r["load_s"]
     src = f"timed on this node ({timed['device']}, {r['copies']} at once)"
-    if "rates job" in size.source:
-        src += f"; {size.source}"
     ext = r["extract_tokens_s"]
     out: dict = {}
     if config["data"]["regenerate"]["enabled"]:
-        regen = r["regenerate_new_tokens_s"]
+        regen, new = r["regenerate_new_tokens_s"], answered.samples * answered.answer_tokens
+        note = "" if answered is size else f"; answers {answered.answer_tokens:.0f} tokens, the rates job's"
         out["regeneration"] = _row(  # timed end to end on the run's prompts: their prefill included
-            w["new"] / regen,
+            new / regen,
             regen,
             "new tokens/s",
-            src,
+            src + note,
             every,
             jobs["regeneration"] * target_job * share,
         )

@@ -217,7 +217,7 @@ def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
     jobs = 8 * 4  # one round: the extraction jobs regenerate, each of 8 GPUs x 4 shards pays its start once
     # no answer yet: the hours take the rates job's answers (1,024 tokens), the disk keeps the 2,048 bound
     assert regen["gpu_hours"] == pytest.approx(1000 * 1024 / 2000 / 3600) and regen["fixed_hours"] == 0
-    assert "rates job's, 1024 tokens" in regen["source"] and plan["data"]["answer_tokens"] == 2048
+    assert "answers 1024 tokens, the rates job's" in regen["source"] and plan["data"]["answer_tokens"] == 2048
     assert plan["tokens"] == pytest.approx(plan["data"]["samples"] * plan["data"]["tokens_bound"])
     assert stages["extract, all passes"]["fixed_hours"] == pytest.approx(2 * jobs * (5 + 55 + 20) / 3600)
     assert stages["train, all epochs"]["fixed_hours"] == pytest.approx(8 * (5 + 10 + 60) / 3600)  # 8 ranks

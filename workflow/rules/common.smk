@@ -357,9 +357,11 @@ ROUND_ORDER = [
 # the budget and the rounds in flight change the rounds, never the bytes of a shard
 EXTRACT_DROP = ("disk_budget", "rounds_in_flight")
 # Snakemake's priorities for the rounds' jobs: a job nearer a training goes first, so the slots finish the next
-# round before they start one further ahead (on the H200 a round's last validation waited 10 s for a slot
-# behind the following round's extractions, and its training for it)
-ROUND_PRIORITY = {"extract": 1, "validate": 2, "merge": 3, "train": 4}
+# round before they start one further ahead (docs/measurements.md, 2026-12-05). Its scheduler adds up the
+# priorities of the jobs it starts together: a training's outweighs a node's worth of the others, as it may
+# need every slot.
+ROUND_PRIORITY = {"extract": 1, "validate": 2, "merge": 3}
+ROUND_PRIORITY["train"] = ROUND_PRIORITY["merge"] * max(1, NODE_GPUS) + 1
 
 
 # Training in rounds (workflow/rules/rounds.smk)
