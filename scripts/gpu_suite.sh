@@ -45,6 +45,18 @@ width_target() {  # $1: a random-weight target of WSHAPE's width with WLAYERS la
         --lengths loguniform:64:2048 > "$3" 2>&1 || { tail "$3"; return 1; }
 }
 
+round_pace() {  # $1: a results folder training in rounds: rounds trained of the plan's, seconds a round, minutes left
+    python3 - "$1" <<'PY' 2>/dev/null
+import glob, json, os, sys
+done = sorted(os.path.getmtime(p) for p in glob.glob(f"{sys.argv[1]}/rounds/e*/p*/record.json"))
+plan = json.load(open(f"{sys.argv[1]}/plan.json"))
+total = int(plan["rounds"]) * int(plan["epochs"])
+pace = (done[-1] - done[0]) / (len(done) - 1) if len(done) > 1 else 0.0
+left = f", about {(total - len(done)) * pace / 60:.1f} min of rounds left" if pace else ""
+print(f"{len(done)} of {total} rounds, {pace:.1f} s a round{left}")
+PY
+}
+
 watch_end() {  # SECONDS at which a watch phase stops: $1 seconds from now, or 20 s before CALL_END when sooner
     local end=$((SECONDS + $1))
     if [ -n "${CALL_END:-}" ]; then
@@ -137,7 +149,7 @@ for phase in "$@"; do
         [ -f /tmp/study/bg.log ] || { echo "no study on this machine (a fresh one: the last went back); run study_start"; exit 3; }
         END=$(watch_end ${WATCH_S:-560})
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
-            sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6 | rounds trained: $(ls $R/rounds/e*/p*/record.json 2>/dev/null | wc -l), states' peak $(cat /tmp/study/peak 2>/dev/null) B"
+            sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6 | rounds: $(round_pace $R), states' peak $(cat /tmp/study/peak 2>/dev/null) B"
         done
         [ -f /tmp/study/done ] && echo "finished $(cat /tmp/study/done)"
         grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
