@@ -57,6 +57,17 @@ print(f"{len(done)} of {total} rounds, {pace:.1f} s a round{left}")
 PY
 }
 
+engine_dag() {  # $1: a name, $2: the results folder, then the config files: the DAG to the engine bench on GPU 0,
+    # its log, the engine's table and its passes' logs under $OUT/$1
+    local name=$1 R=$2; shift 2
+    mkdir -p "$OUT/$name"
+    DRAFTSMITH_GPUS=0 python3 -m snakemake engine_report --configfile "$@" --cores 16 --resources gpu=1 \
+        > "$OUT/$name/snakemake.log" 2>&1
+    echo "$name exit $?"; grep -h -A12 "Error in rule" "$OUT/$name/snakemake.log" | head -40
+    cp $R/bench/engine.md $R/bench/engine.json $R/bench/summary.md "$OUT/$name/" 2>/dev/null
+    tail -n 30 $R/logs/engine/*.log > "$OUT/$name/engine_logs.txt" 2>&1; cat "$OUT/$name/engine.md" 2>/dev/null
+}
+
 watch_end() {  # SECONDS at which a watch phase stops: $1 seconds from now, or 20 s before CALL_END when sooner
     local end=$((SECONDS + $1))
     if [ -n "${CALL_END:-}" ]; then
@@ -333,11 +344,7 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
                 CFGS="$CFGS /tmp/engine_v2.yaml"
             fi
         fi
-        DRAFTSMITH_GPUS=0 python3 -m snakemake engine_report --configfile $CFGS --cores 16 --resources gpu=1 \
-            > "$OUT/${phase}_snakemake.log" 2>&1
-        echo "$phase exit $?"; grep -h -A12 "Error in rule" "$OUT/${phase}_snakemake.log" | head -40
-        mkdir -p "$OUT/$phase" && cp $R/bench/engine.md $R/bench/engine.json $R/bench/summary.md "$OUT/$phase/" 2>/dev/null
-        tail -n 30 $R/logs/engine/*.log > "$OUT/$phase/engine_logs.txt" 2>&1; cat "$OUT/$phase/engine.md" 2>/dev/null
+        engine_dag $phase $R $CFGS
         ;;
     engine_real)  # issue 38: demo-real's DAG to the engine bench, once vLLM is installed (scripts/stage_vllm.sh
         # unpack DIR ... install, calls back to back). The GGUF comes from the study's stage (.stage/a in an
@@ -348,11 +355,7 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         mkdir -p $R/inputs && ln -f results/study-smollm2/inputs/SmolLM2-135M-Instruct.Q4_1.gguf $R/inputs/
         python3 -m draftsmith.steps.real_data --train-out $R/inputs/instructions.jsonl \
             --bench-out $R/inputs/humaneval.jsonl --count 600 --seed 0 || exit 1
-        DRAFTSMITH_GPUS=0 python3 -m snakemake engine_report --configfile configs/demo-real.yaml --cores 16 \
-            --resources gpu=1 > "$OUT/engine_snakemake.log" 2>&1
-        echo "engine_real exit $?"; grep -h -A12 "Error in rule" "$OUT/engine_snakemake.log" | head -40
-        cp $R/bench/engine.md $R/bench/engine.json $R/bench/summary.md "$OUT/" 2>/dev/null
-        tail -n 30 $R/logs/engine/*.log > "$OUT/engine_logs.txt" 2>&1; cat "$OUT/engine.md" 2>/dev/null
+        engine_dag engine_real $R configs/demo-real.yaml
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}

@@ -94,10 +94,12 @@ while grew:  # the extras asked of a package can ask extras of another: go on un
 problems = set()
 for name, r in active:
     dep = canonicalize_name(r.name)
-    if dep in staged and not r.specifier.contains(staged[dep][0], prereleases=True) and dep in behind:
-        print(f"behind on purpose: {name} asks {r.name}{r.specifier}, staged {staged[dep][0]}")
-    elif dep in staged and not r.specifier.contains(staged[dep][0], prereleases=True):
-        problems.add(f"{name} asks {r.name}{r.specifier}, staged {staged[dep][0]}")
+    if dep in staged and not r.specifier.contains(staged[dep][0], prereleases=True):
+        mismatch = f"{name} asks {r.name}{r.specifier}, staged {staged[dep][0]}"
+        if dep in behind:
+            print(f"behind on purpose: {mismatch}")
+        else:
+            problems.add(mismatch)
     elif dep not in staged and dep not in image and dep not in left_out:
         problems.add(f"{name} asks {r.name}{r.specifier or ''}: neither staged nor in the image")
 for p in sorted(problems):
