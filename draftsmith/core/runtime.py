@@ -1,8 +1,9 @@
 """What every step sets up: one log per job, its share of CPU threads, JSON arguments, the compute dtype,
-device syncs."""
+device syncs, and memory formats that pickle by a name every process can import."""
 
 from __future__ import annotations
 
+import copyreg
 import json
 import logging
 import os
@@ -12,6 +13,22 @@ from typing import Any
 import torch
 
 COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
+def memory_format(name: str) -> torch.memory_format:
+    """`torch.<name>`: what a pickled memory format names, so that it loads in any process."""
+    return getattr(torch, name)
+
+
+def _reduce_memory_format(fmt: torch.memory_format):
+    return memory_format, (str(fmt).removeprefix("torch."),)
+
+
+# A memory format pickles as the dotted name "torch.contiguous_format" under whichever module pickle finds
+# holding `torch`, and failing that under `__main__`. Inductor's compile cache pickles them in its entries: on
+# the H200 each round's training job (`python -m draftsmith.steps.train_round`, a `__main__` without `torch`)
+# could not load the entry and compiled again. Pickled through here, the entry names this module instead.
+copyreg.pickle(torch.memory_format, _reduce_memory_format)
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -7,18 +7,12 @@ import argparse
 import json
 import sys
 
-import torch  # noqa: F401  (see below)
-
 from draftsmith.config import section_arg
 from draftsmith.core.distributed import launch
 from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.drafter.rounds import round_lengths, train_round
 from draftsmith.steps.train import settled_drafter
 from draftsmith.target.files import resolve_target
-
-# On the H200 every round's training job failed to load its compiled FlexAttention from Inductor's cache, and
-# compiled it again: the cached graph reached `torch.contiguous_format` as an attribute path under this module
-# (pickle's choice, not reproduced on a CPU), which it then imported afresh and found without `torch`.
 
 
 def main(argv: list[str] | None = None) -> None:

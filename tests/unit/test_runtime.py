@@ -54,3 +54,29 @@ def test_a_jobs_compile_workers_are_its_threads_whether_inductor_was_loaded_befo
     told_env = {**env, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     told = subprocess.run([sys.executable, "-c", after], env=told_env, capture_output=True, text=True)
     assert told.stdout.strip() == "1", told.stderr[-2000:]
+
+
+def test_a_memory_format_pickled_by_a_job_loads_in_a_step_that_never_imported_torch(tmp_path):
+    """Inductor's compile cache pickles memory formats into its entries. By pickle's own rule such a name can land
+    under `__main__`, which in a `python -m draftsmith.steps.X` job need not hold `torch`: the entry then fails to
+    load there (the H200's round trainings each compiled again). Pickled after draftsmith's runtime is imported,
+    the format names a module any process imports."""
+    import pickle
+
+    import torch
+
+    import draftsmith.core.runtime  # noqa: F401  (registers the reducer)
+
+    data = pickle.dumps([torch.contiguous_format, torch.channels_last])
+    assert b"draftsmith.core.runtime" in data and b"__main__" not in data
+    bare = tmp_path / "bare_step.py"  # a job's `__main__` with no `torch` in it
+    bare.write_text("import pickle, sys\nprint(pickle.loads(sys.stdin.buffer.read()))\n")
+    run = subprocess.run(
+        [sys.executable, str(bare)], input=data, capture_output=True, cwd=tmp_path, env=dict(os.environ)
+    )
+    assert run.stdout.decode().strip() == "[torch.contiguous_format, torch.channels_last]", run.stderr[-2000:]
+    # what the H200's cache entries held: the same name under `__main__`, which such a job cannot load
+    name = b"torch.contiguous_format"
+    old = b"\x80\x04\x8c\x08__main__\x94\x8c" + bytes([len(name)]) + name + b"\x94\x93\x94."
+    failed = subprocess.run([sys.executable, str(bare)], input=old, capture_output=True, cwd=tmp_path)
+    assert b"Can't get attribute 'torch.contiguous_format'" in failed.stderr, failed.stderr[-2000:]
