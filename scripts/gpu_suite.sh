@@ -33,7 +33,7 @@ unpack_study_inputs() {  # the study's GGUF from its two staged parts (checked a
     mv $G.tmp $G
     if ls /tmp/stage/answers.tgz.* >/dev/null 2>&1; then  # an earlier session's answer cache (STUDY_ANSWERS=1
         # packed it): the regeneration jobs find their answers there, keyed by target, settings and prompts
-        cat /tmp/stage/answers.tgz.* | tar xz -C $R && echo "answers of an earlier session: $(ls $R/answers/cache/*.parquet | wc -l) shard(s)"
+        cat /tmp/stage/answers.tgz.* | tar xz -C $R && echo "answers of an earlier session: $(ls $R/answers/cache/*.parquet | wc -l) cached answer file(s)"
     fi
 }
 

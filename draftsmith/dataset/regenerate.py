@@ -76,7 +76,7 @@ def regenerate(
 def cache_key(target: dict, regen: dict, max_length: int, samples: pd.DataFrame) -> str:
     """What the answers depend on: the target, the decoding settings and the prompts. Not the slot count or
     the sync interval, which change speed only, so a retry with fewer slots still reuses them."""
-    speed_only = ("batch_size", "sync_every", "cuda_graph", "min_refill", "checks")  # checks judge, after
+    speed_only = ("batch_size", "sync_every", "cuda_graph", "min_refill", "jobs_per_shard", "checks")
     decoding = {k: v for k, v in regen.items() if k not in speed_only}
     prompts = [
         np.asarray(ids[:pl]).tobytes().hex() for ids, pl in zip(samples["input_ids"], samples["prompt_len"])

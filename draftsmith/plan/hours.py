@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from draftsmith.plan.data import DataSize
+from draftsmith.plan.rounds import answer_jobs
 from draftsmith.plan.sizes import target_params
 
 RATES = Path(__file__).with_name("rates.yaml")
@@ -58,8 +59,9 @@ def job_counts(config: dict, *, rounds: int, passes: int, base_shards: int, slot
     extract = base_shards if rounds == 1 else base_shards * (rounds * passes + 1)  # + the held-out pieces
     parts = config["bench"]["parts"]
     datasets = len(config["bench"]["datasets"]) or 1
+    answering = base_shards * answer_jobs(config, rounds=rounds, base_shards=base_shards, slots=slots)
     return {
-        "regeneration": base_shards if rounds > 1 else 0,  # in one round, the extraction jobs regenerate
+        "regeneration": answering if rounds > 1 else 0,  # in one round, the extraction jobs regenerate
         "extraction": extract,
         "validation": extract,
         "training": 1 if rounds == 1 else rounds * passes + 1,  # + the held-out evaluation

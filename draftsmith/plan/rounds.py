@@ -92,6 +92,26 @@ def select_rows(samples: pd.DataFrame, rows: dict, data: dict) -> pd.DataFrame:
     return samples[keep].reset_index(drop=True)
 
 
+def answer_jobs(config: dict, *, rounds: int, base_shards: int, slots: int) -> int:
+    """Jobs that answer each base shard's prompts when answers are regenerated ahead of the rounds:
+    `data.regenerate.jobs_per_shard`, or with `auto` as many as let every slot answer at once (fewer shards
+    than slots, as a run in rounds with few, cheap round jobs has). One in a single round: there each
+    extraction job answers its own shard."""
+    regen = config["data"]["regenerate"]
+    if rounds == 1 or not regen["enabled"]:
+        return 1
+    if regen["jobs_per_shard"] != "auto":
+        return int(regen["jobs_per_shard"])
+    return max(1, math.ceil(max(1, slots) / max(1, base_shards)))
+
+
+def job_rows(count: int, job: int, jobs: int) -> slice:
+    """The rows of a shard of `count` samples that answer job `job` of `jobs` answers: consecutive, so the
+    jobs' answers joined in order are the shard's."""
+    edges = np.linspace(0, count, jobs + 1).round().astype(int)
+    return slice(int(edges[job]), int(edges[job + 1]))
+
+
 def round_order(rounds: int, epoch: int, seed: int) -> list[int]:
     """The order an epoch visits the rounds in: a fresh seeded permutation each epoch."""
     return [int(r) for r in np.random.default_rng([seed, epoch, 7919]).permutation(rounds)]

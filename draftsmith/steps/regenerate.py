@@ -1,5 +1,6 @@
-"""Regenerate one shard's answers with the target, once for the whole run (training in rounds): every
-round's extraction reads them, and no round decodes again."""
+"""Regenerate one shard's answers with the target (or consecutive rows of it, one of data.regenerate's
+jobs_per_shard), once for the whole run (training in rounds): every round's extraction reads them, and no
+round decodes again."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.dataset.answers import AnswersRejected, judge
 from draftsmith.dataset.regenerate import regenerate_into
 from draftsmith.engine.memory import NoRoomForAnswers
+from draftsmith.plan.rounds import job_rows
 from draftsmith.target.files import resolve_target
 from draftsmith.target.load import eos_ids_of, load_configured_target
 
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--probe", required=True)
     p.add_argument("--target-json", required=True)
     p.add_argument("--data-json", required=True)
+    p.add_argument("--job", type=int, default=0, help="which of the shard's --jobs answers its rows here")
+    p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--budget-div", type=int, default=1, help="Snakemake's retry halves the slots")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", required=True, help="the answered samples (parquet); a .json stamp beside it")
@@ -37,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     set_threads(args.threads)
     tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
     samples, out = read_samples(args.shard), Path(args.out)
+    samples = samples.iloc[job_rows(len(samples), args.job, args.jobs)].reset_index(drop=True)
     slots = max(1, int(dcfg["regenerate"]["batch_size"]) // max(1, args.budget_div))
     # the answers are made in a cache beside the output: Snakemake deletes a failed job's outputs, and a shard
     # whose answers fail a check must keep them for the rerun with another threshold

@@ -95,3 +95,13 @@ def test_markers_come_from_the_template_and_answers_are_read_for_them(tokenizer)
     assert answer_flags(words + [eos], room=64, markers=markers, thinking=True)["thinking_mismatch"]
     assert answer_flags(words, room=len(words), markers=markers, thinking=False)["cut"]
     assert answer_flags([eos], room=64, markers=markers, thinking=False)["empty"]
+
+
+def test_a_shards_answers_joined_from_jobs_out_of_order_are_refused_with_the_files_to_delete():
+    from draftsmith.steps.join_answers import join
+
+    shard = pd.DataFrame({"id": ["a", "b", "c"]})
+    parts = [shard.iloc[:1], shard.iloc[1:]]
+    assert join(shard, parts, name="shard000")["id"].tolist() == ["a", "b", "c"]
+    with pytest.raises(SystemExit, match=r"shard000's 2 jobs .* RESULTS/answers/shard000\.j\*\.parquet"):
+        join(shard, parts[::-1], name="shard000")

@@ -18,8 +18,9 @@ import torch
 from draftsmith.config import with_defaults
 from draftsmith.core.units import parse_size
 from draftsmith.dataset.shards import ShardWriter
+from draftsmith.plan.hours import job_counts
 from draftsmith.plan.plan import PlanError, decide_rounds
-from draftsmith.plan.rounds import heldout_rows, peak_tokens, round_order, select_rows
+from draftsmith.plan.rounds import answer_jobs, heldout_rows, job_rows, peak_tokens, round_order, select_rows
 from draftsmith.plan.sizes import token_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +59,22 @@ def test_rounds_partition_the_training_samples(rounds):
     assert held == df["id"][heldout_rows(df["id"].tolist(), fraction=0.05, seed=3)].tolist() and held
     bound = [int(np.minimum(p["prompt_len"] + 32, 64).sum()) for p in parts]
     assert max(bound) - min(bound) <= 64  # balanced to within one sample
+
+
+def test_fewer_shards_than_slots_are_answered_by_several_jobs_each():
+    """Ahead of the rounds every slot answers at once: 2 shards on 8 slots take 4 jobs each, consecutive rows
+    that cover the shard once; one round, or a pinned count, keeps what the config says."""
+    config = with_defaults("data", {"regenerate": {"enabled": True}})
+    config = {"data": config, "bench": {"parts": 1, "datasets": []}}
+    assert answer_jobs(config, rounds=4, base_shards=2, slots=8) == 4
+    assert answer_jobs(config, rounds=4, base_shards=3, slots=8) == 3  # ceil: a slot may answer twice
+    assert answer_jobs(config, rounds=4, base_shards=16, slots=8) == 1
+    assert answer_jobs(config, rounds=1, base_shards=2, slots=8) == 1  # the extraction jobs answer
+    assert job_counts(config, rounds=4, passes=2, base_shards=2, slots=8)["regeneration"] == 8
+    config["data"]["regenerate"]["jobs_per_shard"] = 3
+    assert answer_jobs(config, rounds=4, base_shards=2, slots=8) == 3
+    rows = [job_rows(10, j, 3) for j in range(3)]
+    assert [list(range(10))[r] for r in rows] == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9]]
 
 
 def test_each_epoch_visits_the_rounds_in_its_own_order():

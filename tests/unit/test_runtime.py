@@ -57,10 +57,10 @@ def test_a_jobs_compile_workers_are_its_threads_whether_inductor_was_loaded_befo
 
 
 def test_a_memory_format_pickled_by_a_job_loads_in_a_step_that_never_imported_torch(tmp_path):
-    """Inductor's compile cache pickles memory formats into its entries. By pickle's own rule such a name can land
-    under `__main__`, which in a `python -m draftsmith.steps.X` job need not hold `torch`: the entry then fails to
-    load there (the H200's round trainings each compiled again). Pickled after draftsmith's runtime is imported,
-    the format names a module any process imports."""
+    """Inductor's compile cache pickles memory formats into its entries. By pickle's own rule such a name can
+    land under `__main__`, which in a `python -m draftsmith.steps.X` job need not hold `torch`: the entry then
+    fails to load there (the H200's round trainings each compiled again). Pickled after draftsmith's runtime
+    is imported, the format names a module any process imports."""
     import pickle
 
     import torch

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, digest, job_counts, make_workflow, snakemake
@@ -256,6 +257,30 @@ def test_answers_carried_to_a_fresh_machine_are_not_decoded_again(rounds_run, tm
         assert "reusing" in log and "regenerated" not in log, log[-2000:]
         answers = res / f"answers/{shard}.parquet"
         assert digest(answers) == digest(rounds_run["res"] / f"answers/{shard}.parquet")
+
+
+def test_several_jobs_answer_a_shard_and_join_its_answers_in_order(rounds_run, tmp_path):
+    """data.regenerate.jobs_per_shard: with fewer shards than slots each shard's prompts are answered by
+    several jobs, consecutive rows each, and a join gives the rounds the shard's answers as one job would."""
+    cfg = yaml.safe_load(rounds_run["config"].read_text())
+    res = tmp_path / "results"
+    cfg["results"] = str(res)
+    cfg["data"]["regenerate"]["jobs_per_shard"] = 2
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["--configfile", str(tmp_path / "jobs.yaml")]
+    counts = job_counts(snakemake("-n", *args).stdout)
+    assert counts["regenerate"] == 4 and counts["join_answers"] == 2, counts
+    snakemake(*args, "--until", "join_answers")
+    for shard in ("shard000", "shard001"):
+        prepared = pd.read_parquet(res / f"shards/{shard}.parquet")
+        answers = pd.read_parquet(res / f"answers/{shard}.parquet")
+        assert answers["id"].tolist() == prepared["id"].tolist()
+        for ids, pl, before in zip(answers["input_ids"], answers["prompt_len"], prepared["input_ids"]):
+            assert list(ids[:pl]) == list(before[:pl])  # each sample's own prompt, answered after it
+        parts = [pd.read_parquet(res / f"answers/{shard}.j{j}.parquet") for j in (0, 1)]
+        assert [len(p) for p in parts] == [len(prepared) // 2, len(prepared) - len(prepared) // 2]
+        stamp = json.loads((res / f"answers/{shard}.json").read_text())
+        assert stamp["judged"]["answers"] == len(prepared) and len(stamp["jobs"]) == 2
 
 
 def test_a_budget_below_one_round_stops_at_plan_time(rounds_run):

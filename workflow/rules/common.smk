@@ -24,7 +24,7 @@ from draftsmith.plan.plan import (
     render,
     rounds_problems,
 )
-from draftsmith.plan.rounds import round_order
+from draftsmith.plan.rounds import answer_jobs, round_order
 from draftsmith.speculative.engine_run import engine_in_dag
 from draftsmith.target.files import is_hub_id
 
@@ -350,6 +350,14 @@ pin(config, PLAN)
 print(f"plan:\n{render(PLAN)}", file=sys.stderr)
 ROUNDS = PLAN["rounds"]
 EPOCHS = int(math.ceil(float(config["train"]["epochs"])))
+# jobs answering each shard ahead of the rounds, and the name their answers go by
+ANSWER_JOBS = answer_jobs(
+    config,
+    rounds=ROUNDS,
+    base_shards=len(SHARDS),
+    slots=NODE_GPUS or int(config["extract"]["cpu_slots"]),
+)
+ANSWERED = "{shard}" if ANSWER_JOBS == 1 else "{shard}.j{answer_job}"
 # round ids in the order each epoch trains them (a fresh order each epoch)
 ROUND_ORDER = [
     round_order(ROUNDS, e, int(config["train"]["seed"])) for e in range(EPOCHS)
@@ -388,6 +396,13 @@ def answers_path(shard):
 
 def get_answers(wildcards):
     return answers_path(wildcards.shard)
+
+
+def get_answer_job(wildcards):
+    """Which of a shard's answering jobs this is, where there are several (the step's arguments)."""
+    if ANSWER_JOBS == 1:
+        return ""
+    return f"--job {wildcards.answer_job} --jobs {ANSWER_JOBS}"
 
 
 def position_before(epoch, pos, steps):
@@ -500,6 +515,7 @@ def dag_layout():
         "pos": list(range(ROUNDS)),
         "dataset": list(BENCH_DATASETS),
         "part": list(range(BENCH_PARTS)),
+        "answer_job": list(range(ANSWER_JOBS)),
     }
     return shlex.quote(json.dumps({"stages": stages, "values": values}))
 
@@ -507,5 +523,6 @@ def dag_layout():
 def get_answer_stats(wildcards):
     """Where each shard's answer statistics are: its extraction manifest, or its answer stamp in rounds."""
     if ROUNDS > 1:
-        return expand(rules.regenerate.output.stamp, shard=SHARDS)
+        stamps = rules.join_answers if ANSWER_JOBS > 1 else rules.regenerate
+        return expand(stamps.output.stamp, shard=SHARDS)
     return expand(rules.extract.output.manifest, shard=SHARDS)

@@ -1,5 +1,6 @@
 # Training in rounds, when the plan finds the hidden states larger than extract.disk_budget (docs/planning.md).
-# Answers are regenerated once per shard; then, epoch by epoch and round by round in each epoch's order, a
+# Answers are regenerated once per shard (by several jobs a shard when there are fewer shards than GPU slots,
+# data.regenerate.jobs_per_shard); then, epoch by epoch and round by round in each epoch's order, a
 # round's pieces of every shard are extracted, validated, merged and trained on, and deleted (temp) once its
 # training is done. The next round's extraction waits for that training, so states on disk never exceed one
 # round plus the held-out samples, which are extracted once and kept for the final evaluation.
@@ -9,6 +10,7 @@ wildcard_constraints:
     epoch=r"\d+",
     pos=r"\d+",
     round=r"\d+",
+    answer_job=r"\d+",
 
 
 rule regenerate:
@@ -18,12 +20,12 @@ rule regenerate:
         probe=ancient(rules.probe.output.json),
         mask=ancient(rules.mask_check.output.json),
     output:
-        answers=f"{RESULTS}/answers/{{shard}}.parquet",
-        stamp=f"{RESULTS}/answers/{{shard}}.json",
+        answers=f"{RESULTS}/answers/{ANSWERED}.parquet",
+        stamp=f"{RESULTS}/answers/{ANSWERED}.json",
     log:
-        f"{RESULTS}/logs/regenerate/{{shard}}.log",
+        f"{RESULTS}/logs/regenerate/{ANSWERED}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/regenerate/{{shard}}.tsv"
+        f"{RESULTS}/benchmarks/regenerate/{ANSWERED}.tsv"
     retries: 1
     conda:
         "../../envs/gpu.yaml"
@@ -35,10 +37,39 @@ rule regenerate:
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
         dcfg=as_json("data"),
+        job=get_answer_job,
     shell:
         "python -m draftsmith.steps.regenerate --target {params.target} --shard {input.shard} --probe {input.probe}"
         " --target-json {params.tcfg} --data-json {params.dcfg} --budget-div {resources.budget_div}"
-        " --threads {threads} --out {output.answers} > {log} 2>&1"
+        " {params.job} --threads {threads} --out {output.answers} > {log} 2>&1"
+
+
+if ANSWER_JOBS > 1:
+
+    # A shard's answers from the jobs that answered it, in order, as one job would have written them.
+    rule join_answers:
+        input:
+            shard=f"{RESULTS}/shards/{{shard}}.parquet",
+            answers=expand(
+                rules.regenerate.output.answers,
+                answer_job=range(ANSWER_JOBS),
+                allow_missing=True,
+            ),
+            stamps=expand(
+                rules.regenerate.output.stamp,
+                answer_job=range(ANSWER_JOBS),
+                allow_missing=True,
+            ),
+        output:
+            answers=f"{RESULTS}/answers/{{shard}}.parquet",
+            stamp=f"{RESULTS}/answers/{{shard}}.json",
+        log:
+            f"{RESULTS}/logs/regenerate/{{shard}}.join.log",
+        conda:
+            "../../envs/draftsmith.yaml"
+        shell:
+            "python -m draftsmith.steps.join_answers --shard {input.shard} --answers {input.answers}"
+            " --out {output.answers} > {log} 2>&1"
 
 
 use rule extract as extract_round with:
