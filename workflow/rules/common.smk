@@ -81,7 +81,7 @@ def as_json(section, drop=(), keep=None, prepare=False):
     does not use are dropped (or only those in `keep` kept), so changing them does not rerun it; the data keys
     only prepare reads reach it alone (`prepare`), and only when set, so that adding them reran nothing. The answer
     checks reach the jobs through their environment (below), so a threshold changed after a shard stopped
-    reruns no shard that passed.
+    reruns no shard that passed; the answering jobs a shard, through the command of each.
     """
     values = {
         k: v
@@ -90,7 +90,9 @@ def as_json(section, drop=(), keep=None, prepare=False):
     }
     if section == "data":
         values["regenerate"] = {
-            k: v for k, v in values["regenerate"].items() if k != "checks"
+            k: v
+            for k, v in values["regenerate"].items()
+            if k not in REGENERATE_ELSEWHERE
         }
         # prepare's alone, and there only when set: no other job reruns for them
         for key in PREPARE_ONLY:
@@ -100,6 +102,10 @@ def as_json(section, drop=(), keep=None, prepare=False):
 
 
 PREPARE_ONLY = ("dedupe", "exclude_bench")  # data keys that only prepare reads
+REGENERATE_ELSEWHERE = (
+    "checks",
+    "jobs_per_shard",
+)  # data.regenerate keys no job reads from its data-json
 
 
 def target_path():
