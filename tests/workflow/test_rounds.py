@@ -283,6 +283,14 @@ def test_several_jobs_answer_a_shard_and_join_its_answers_in_order(rounds_run, t
         assert stamp["judged"]["answers"] == len(prepared) and len(stamp["jobs"]) == 2
 
 
+def test_the_answering_jobs_setting_reaches_no_jobs_data_settings(rounds_run):
+    """jobs_per_shard names each answering job's rows in its command: written out at the value it already
+    has, it reruns nothing but the plan (in a job's data settings, its default alone would rerun every job)."""
+    regen = {**yaml.safe_load(rounds_run["config"].read_text())["data"]["regenerate"], "jobs_per_shard": 1}
+    counts = job_counts(snakemake("-n", *_changed(rounds_run, "jobs1.yaml", data={"regenerate": regen})).stdout)
+    assert set(counts) <= {"plan", "plan_check", "all"}, counts
+
+
 def test_a_budget_below_one_round_stops_at_plan_time(rounds_run):
     proc = snakemake("-n", *_changed(rounds_run, "tiny.yaml", extract={"disk_budget": "20KB"}), check=False)
     assert proc.returncode != 0
