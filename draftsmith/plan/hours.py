@@ -54,18 +54,25 @@ def node_rates(config: dict) -> dict | None:
     return timed if timed and "rates" in timed else None
 
 
+def study_sizes(config: dict) -> list[int]:
+    """The study's sizes (`study.train_samples`): each trains and benches a drafter beside the main run's."""
+    return sorted(int(n) for n in config.get("study", {}).get("train_samples", []))
+
+
 def job_counts(config: dict, *, rounds: int, passes: int, base_shards: int, slots: int) -> dict:
-    """Jobs of each stage: each pays its start-up (and the target's loading) once."""
+    """Jobs of each stage: each pays its start-up (and the target's loading) once. A study's sizes each train
+    and bench as the main run does."""
     extract = base_shards if rounds == 1 else base_shards * (rounds * passes + 1)  # + the held-out pieces
     parts = config["bench"]["parts"]
     datasets = len(config["bench"]["datasets"]) or 1
     answering = base_shards * answer_jobs(config, rounds=rounds, base_shards=base_shards, slots=slots)
+    drafters = 1 + len(study_sizes(config))
     return {
         "regeneration": answering if rounds > 1 else 0,  # in one round, the extraction jobs regenerate
         "extraction": extract,
         "validation": extract,
-        "training": 1 if rounds == 1 else rounds * passes + 1,  # + the held-out evaluation
-        "bench": datasets * (max(1, slots) if parts == "auto" else int(parts)),
+        "training": drafters * (1 if rounds == 1 else rounds * passes + 1),  # + the held-out evaluation
+        "bench": drafters * datasets * (max(1, slots) if parts == "auto" else int(parts)),
     }
 
 
@@ -80,6 +87,10 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
     n, epochs = size.samples, float(config["train"]["epochs"])
     trained = n * (1 - float(config["train"]["heldout_fraction"]))
     bench = config["bench"]
+    sizes = study_sizes(config)
+    equal_steps = config.get("study", {}).get("budget") == "steps"  # each size takes the main run's steps
+    # what every drafter trains in an epoch (a study's sizes beside the main run), in main runs
+    drafters = 1 + sum(1.0 if equal_steps else min(1.0, k / max(trained, 1.0)) for k in sizes)
     return {
         "new": n * size.answer_tokens,
         "prompt": n * size.prompt_tokens,
@@ -87,9 +98,19 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
         "trained_samples": trained,
         "trained_tokens": trained * size.tokens_bound,
         "epochs": epochs,
-        "bench_prompts": bench_prompts or 0,
-        "bench_tokens": (bench_prompts or 0) * int(bench["max_new_tokens"]) * bench_decodes(bench),
+        "study_sizes": len(sizes),
+        "training_runs": drafters,
+        "bench_prompts": (bench_prompts or 0) * (1 + len(sizes)),
+        "bench_tokens": (bench_prompts or 0)
+        * (1 + len(sizes))
+        * int(bench["max_new_tokens"])
+        * bench_decodes(bench),
     }
+
+
+def _study_note(w: dict) -> str:
+    k = w["study_sizes"]
+    return f", with the study's {k} size{'s' * (k != 1)}" if k else ""
 
 
 def timed_answers(size: DataSize, mean: float | None) -> DataSize:
@@ -145,11 +166,14 @@ def table_hours(
     )
     out["train per epoch"] = _row(w["trained_tokens"] / trn, trn, "tokens/s", tsrc, trainers)
     out["train, all epochs"] = _row(
-        w["trained_tokens"] * w["epochs"] / trn, trn, "tokens/s", f"{w['epochs']:g} epochs; {tsrc}", trainers
+        w["trained_tokens"] * w["epochs"] * w["training_runs"] / trn,
+        trn,
+        "tokens/s",
+        f"{w['epochs']:g} epochs{_study_note(w)}; {tsrc}",
+        trainers,
     )
-    out["bench"] = _row(
-        w["bench_tokens"] / bch, bch, "tokens/s", f"{w['bench_prompts']} prompts; {bsrc}", every
-    )
+    note = f"{w['bench_prompts']} prompts{_study_note(w)}; {bsrc}"
+    out["bench"] = _row(w["bench_tokens"] / bch, bch, "tokens/s", note, every)
     return out
 
 
@@ -211,10 +235,10 @@ def timed_hours(
     rate = w["trained_tokens"] / max(per_epoch, 1e-9)
     out["train per epoch"] = _row(per_epoch * share, rate, "tokens/s", src, trainers)
     out["train, all epochs"] = _row(
-        per_epoch * w["epochs"] * share,
+        per_epoch * w["epochs"] * w["training_runs"] * share,
         rate,
         "tokens/s",
-        f"{w['epochs']:g} epochs, {jobs['training']} jobs; {src}",
+        f"{w['epochs']:g} epochs{_study_note(w)}, {jobs['training']} jobs; {src}",
         trainers,
         jobs["training"] * train_job * share * trainers,
     )
@@ -226,7 +250,7 @@ def timed_hours(
         w["bench_tokens"] * ends / bench,
         bench,
         "tokens/s",
-        f"{w['bench_prompts']} prompts, {jobs['bench']} jobs; {src}",
+        f"{w['bench_prompts']} prompts{_study_note(w)}, {jobs['bench']} jobs; {src}",
         every,
         jobs["bench"] * target_job * share,
     )

@@ -77,6 +77,30 @@ def test_fewer_shards_than_slots_are_answered_by_several_jobs_each():
     assert [list(range(10))[r] for r in rows] == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9]]
 
 
+def test_a_studys_sizes_are_planned_as_the_drafters_they_train_and_bench():
+    """Each size trains its share of the samples (at equal epochs) or the main run's steps (at equal steps),
+    and benches the same prompts; its jobs count as the main run's do."""
+    from draftsmith.plan.data import DataSize
+    from draftsmith.plan.hours import _work
+
+    config = {
+        "data": with_defaults("data", {}),
+        "train": with_defaults("train", {"heldout_fraction": 0.0}),
+        "bench": with_defaults("bench", {"parts": 2, "datasets": [{"name": "a", "path": "a"}]}),
+    }
+    size = DataSize(
+        samples=1000, prompt_tokens=50.0, answer_tokens=100.0, tokens_bound=150.0, source="estimate"
+    )
+    alone = _work(config, size, bench_prompts=10)
+    config["study"] = {"train_samples": [250, 500], "budget": "epochs"}
+    study = _work(config, size, bench_prompts=10)
+    assert study["training_runs"] == 1.75 and study["bench_tokens"] == 3 * alone["bench_tokens"]
+    config["study"]["budget"] = "steps"
+    assert _work(config, size, bench_prompts=10)["training_runs"] == 3
+    jobs = job_counts(config, rounds=4, passes=2, base_shards=2, slots=8)
+    assert jobs["training"] == 3 * (4 * 2 + 1) and jobs["bench"] == 3 * 2, jobs
+
+
 def test_each_epoch_visits_the_rounds_in_its_own_order():
     orders = [round_order(6, e, 0) for e in range(4)]
     assert all(sorted(o) == list(range(6)) for o in orders) and len({tuple(o) for o in orders}) > 1

@@ -79,11 +79,25 @@ def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(se
     small_train = json.loads((res / "study/n6/train/summary.json").read_text())
     assert small_train["heldout_samples"] == main_train["heldout_samples"] == 1  # the same held-out set
 
-    # a new size trains, exports and benchmarks only that size: nothing upstream, nor the main run, again
+    # the plan counts each size's training and bench, and checks them against their jobs
+    rows = {r["stage"]: r for r in json.loads((res / "plan/measured.json").read_text())["rows"]}
+    assert rows["training"]["jobs"] == 2 and rows["bench"]["jobs"] == 2, rows  # the main run's and n6's
+    assert "with the study's 1 size" in json.loads((res / "plan.json").read_text())["stages"]["bench"]["source"]
+
+    # a new size trains, exports and benchmarks only that size (and plans it): nothing upstream, nor the main
+    # run, again
     cfg["study"]["train_samples"] = [6, 12]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     planned = job_counts(snakemake("all", "-n", *args).stdout)
-    assert planned == {"study_train": 1, "study_export": 1, "study_bench": 1, "study": 1, "all": 1}, planned
+    assert planned == {
+        "study_train": 1,
+        "study_export": 1,
+        "study_bench": 1,
+        "study": 1,
+        "plan": 1,
+        "plan_check": 1,
+        "all": 1,
+    }, planned
 
 
 def test_trainings_of_a_study_share_the_cores_of_a_gpu_node(tmp_path, tokenizer):

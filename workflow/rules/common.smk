@@ -474,9 +474,9 @@ if not NODE_GPUS and int(config["train"]["gpus"]) > 1:
 
 
 def plan_config():
-    """The config as the plan job reads it: not the study's sizes nor the demo's settings, which do not change
-    the plan (a study trains on the same data)."""
-    return {k: v for k, v in config.items() if k not in ("study", "demo")}
+    """The config as the plan job reads it: not the demo's settings, which do not change the plan (a study's
+    sizes do: each trains and benches a drafter)."""
+    return {k: v for k, v in config.items() if k != "demo"}
 
 
 def dag_layout():
@@ -514,6 +514,13 @@ def dag_layout():
             ],
         }
     stages["bench"] = [[str(rules.bench.benchmark), 0]]
+    if STUDY_SIZES:  # each size's trainings and benches, as the main run's
+        if ROUNDS > 1:
+            stages["training"].append([str(rules.study_train_round.benchmark), trainer])
+        stages["training"].append(
+            [str(rules.study_train.benchmark), trainer if ROUNDS == 1 else 1]
+        )
+        stages["bench"].append([str(rules.study_bench.benchmark), 0])
     values = {
         "shard": SHARDS,
         "epoch": list(range(EPOCHS)),
@@ -522,6 +529,7 @@ def dag_layout():
         "dataset": list(BENCH_DATASETS),
         "part": list(range(BENCH_PARTS)),
         "answer_job": list(range(ANSWER_JOBS)),
+        "n": STUDY_SIZES,
     }
     return shlex.quote(json.dumps({"stages": stages, "values": values}))
 
