@@ -96,7 +96,8 @@ def answer_jobs(config: dict, *, rounds: int, base_shards: int, slots: int) -> i
     """Jobs that answer each base shard's prompts when answers are regenerated ahead of the rounds:
     `data.regenerate.jobs_per_shard`, or with `auto` as many as let every slot answer at once (fewer shards
     than slots, as a run in rounds with few, cheap round jobs has). One in a single round: there each
-    extraction job answers its own shard."""
+    extraction job answers its own shard. Slots are GPUs: a target a copy of which spans several answers in
+    waves."""
     regen = config["data"]["regenerate"]
     if rounds == 1 or not regen["enabled"]:
         return 1
@@ -105,11 +106,10 @@ def answer_jobs(config: dict, *, rounds: int, base_shards: int, slots: int) -> i
     return max(1, math.ceil(max(1, slots) / max(1, base_shards)))
 
 
-def job_rows(count: int, job: int, jobs: int) -> slice:
-    """The rows of a shard of `count` samples that answer job `job` of `jobs` answers: consecutive, so the
-    jobs' answers joined in order are the shard's."""
-    edges = np.linspace(0, count, jobs + 1).round().astype(int)
-    return slice(int(edges[job]), int(edges[job + 1]))
+def job_rows(count: int, job: int, jobs: int) -> np.ndarray:
+    """The rows of a shard of `count` samples that job `job` of `jobs` answers: every jobs-th, so that each
+    job's share is like the shard (a shard's rows run source by source) for its work and its answer checks."""
+    return np.arange(job, count, jobs)
 
 
 def round_order(rounds: int, epoch: int, seed: int) -> list[int]:

@@ -16,20 +16,20 @@ from draftsmith.dataset.answers import combined
 
 
 def join(shard: pd.DataFrame, parts: list[pd.DataFrame], *, name: str) -> pd.DataFrame:
-    """The jobs' answers, in order, as the shard's; raises when they are not the shard's samples in order."""
+    """The jobs' answers in the shard's order; raises when they are not each of the shard's samples once."""
     out = pd.concat(parts, ignore_index=True)
-    if out["id"].tolist() != shard["id"].tolist():
+    if sorted(out["id"]) != sorted(shard["id"]) or not out["id"].is_unique:
         raise SystemExit(
             f"join_answers: the answers of {name}'s {len(parts)} jobs ({len(out)} samples) are not its "
-            f"{len(shard)} samples in order; delete RESULTS/answers/{name}.j*.parquet and run again"
+            f"{len(shard)} samples, each once; delete RESULTS/answers/{name}.j*.parquet and run again"
         )
-    return out
+    return out.set_index("id", drop=False).loc[shard["id"]].reset_index(drop=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shard", required=True, help="the prepared shard (parquet): its samples, in order")
-    p.add_argument("--answers", nargs="+", required=True, help="the jobs' answers (parquet), in order")
+    p.add_argument("--answers", nargs="+", required=True, help="the jobs' answers (parquet)")
     p.add_argument("--out", required=True, help="the shard's answers (parquet); a .json stamp beside it")
     args = p.parse_args(argv)
     setup_logging()

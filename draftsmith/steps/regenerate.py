@@ -1,4 +1,4 @@
-"""Regenerate one shard's answers with the target (or consecutive rows of it, one of data.regenerate's
+"""Regenerate one shard's answers with the target (or every jobs-th of its samples, one of data.regenerate's
 jobs_per_shard), once for the whole run (training in rounds): every round's extraction reads them, and no
 round decodes again."""
 

@@ -97,11 +97,12 @@ def test_markers_come_from_the_template_and_answers_are_read_for_them(tokenizer)
     assert answer_flags([eos], room=64, markers=markers, thinking=False)["empty"]
 
 
-def test_a_shards_answers_joined_from_jobs_out_of_order_are_refused_with_the_files_to_delete():
+def test_a_shards_answers_join_in_its_order_and_a_missing_one_is_refused_with_the_files_to_delete():
     from draftsmith.steps.join_answers import join
 
-    shard = pd.DataFrame({"id": ["a", "b", "c"]})
-    parts = [shard.iloc[:1], shard.iloc[1:]]
-    assert join(shard, parts, name="shard000")["id"].tolist() == ["a", "b", "c"]
+    shard = pd.DataFrame({"id": ["a", "b", "c"], "n": [1, 2, 3]})
+    parts = [shard.iloc[[0, 2]], shard.iloc[[1]]]  # every 2nd sample each
+    joined = join(shard, parts, name="shard000")
+    assert joined["id"].tolist() == ["a", "b", "c"] and joined["n"].tolist() == [1, 2, 3]
     with pytest.raises(SystemExit, match=r"shard000's 2 jobs .* RESULTS/answers/shard000\.j\*\.parquet"):
-        join(shard, parts[::-1], name="shard000")
+        join(shard, [shard.iloc[[0, 2]], shard.iloc[[0]]], name="shard000")

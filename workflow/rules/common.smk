@@ -406,9 +406,18 @@ def get_answers(wildcards):
 
 def get_answer_job(wildcards):
     """Which of a shard's answering jobs this is, where there are several (the step's arguments)."""
-    if ANSWER_JOBS == 1:
-        return ""
     return f"--job {wildcards.answer_job} --jobs {ANSWER_JOBS}"
+
+
+# With one answering job a shard, `regenerate` keeps the params and the command it always had: Snakemake reruns
+# a job whose recorded command or params changed, and with it every round of a run in rounds made before.
+ANSWER_JOB_PARAMS = {"job": get_answer_job} if ANSWER_JOBS > 1 else {}
+REGENERATE_SHELL = (
+    "python -m draftsmith.steps.regenerate --target {params.target} --shard {input.shard} --probe {input.probe}"
+    " --target-json {params.tcfg} --data-json {params.dcfg} --budget-div {resources.budget_div}"
+    + (" {params.job}" if ANSWER_JOBS > 1 else "")
+    + " --threads {threads} --out {output.answers} > {log} 2>&1"
+)
 
 
 def position_before(epoch, pos, steps):

@@ -34,14 +34,12 @@ rule regenerate:
         gpu=extract_gpus,
         budget_div=lambda wildcards, attempt: 2 ** (attempt - 1),
     params:
+        **ANSWER_JOB_PARAMS,
         target=target_path(),
         tcfg=target_json(drop=DATA_JOB_DROP),
         dcfg=as_json("data"),
-        job=get_answer_job,
     shell:
-        "python -m draftsmith.steps.regenerate --target {params.target} --shard {input.shard} --probe {input.probe}"
-        " --target-json {params.tcfg} --data-json {params.dcfg} --budget-div {resources.budget_div}"
-        " {params.job} --threads {threads} --out {output.answers} > {log} 2>&1"
+        REGENERATE_SHELL
 
 
 if ANSWER_JOBS > 1:
