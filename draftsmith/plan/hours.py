@@ -202,7 +202,7 @@ def timed_hours(
     ext = r["extract_tokens_s"]
     out: dict = {}
     if config["data"]["regenerate"]["enabled"]:
-        regen, new = r["regenerate_new_tokens_s"], answered.samples * answered.answer_tokens
+        regen, new = r["regenerate_new_tokens_s"], _work(config, answered, bench_prompts=bench_prompts)["new"]
         note = "" if answered is size else f"; answers {answered.answer_tokens:.0f} tokens, the rates job's"
         out["regeneration"] = _row(  # timed end to end on the run's prompts: their prefill included
             new / regen,

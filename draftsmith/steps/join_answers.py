@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     setup_logging()
     out = Path(args.out)
-    answers = join(read_samples(args.shard), [read_samples(f) for f in args.answers], name=out.stem)
+    shard = pd.read_parquet(args.shard, columns=["id"])  # its order: the samples' tokens are in the answers
+    answers = join(shard, [read_samples(f) for f in args.answers], name=out.stem)
     stamps = [read_json(Path(f).with_suffix(".json")) for f in args.answers]
     write_parquet(answers, out)
     write_json(

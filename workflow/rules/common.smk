@@ -16,6 +16,7 @@ from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
 from draftsmith.dataset.answers import ENV as ANSWER_CHECKS_ENV
 from draftsmith.core.gpu_pool import copies_sharing_a_gpu, gpu_names, visible_gpus
 from draftsmith.plan.cli import bench_prompts, data_files, local_file
+from draftsmith.plan.hours import study_sizes
 from draftsmith.plan.plan import (
     PINNED,
     PlanError,
@@ -292,7 +293,7 @@ def compare_args():
 
 
 # The data-scaling study: one drafter per size (`study.train_samples`), beside the main run's (all samples).
-STUDY_SIZES = sorted(config["study"]["train_samples"])
+STUDY_SIZES = study_sizes(config)  # as the plan counts them
 
 
 def study_train_json(wildcards):
