@@ -45,10 +45,11 @@ width_target() {  # $1: a random-weight target of WSHAPE's width with WLAYERS la
         --lengths loguniform:64:2048 > "$3" 2>&1 || { tail "$3"; return 1; }
 }
 
-round_pace() {  # $1: a results folder training in rounds: rounds trained of the plan's, seconds a round, minutes left
+round_pace() {  # $1: a results folder training in rounds: positions trained of the plan's (an epoch's turn, with
+               # extract.reuse_last_round, writes two), seconds a position, minutes left
     python3 - "$1" <<'PY' 2>/dev/null
 import glob, json, os, sys
-done = sorted(os.path.getmtime(p) for p in glob.glob(f"{sys.argv[1]}/rounds/e*/p*/record.json"))
+done = sorted(os.path.getmtime(p) for p in glob.glob(f"{sys.argv[1]}/rounds/e*/**/record.json", recursive=True))
 plan = json.load(open(f"{sys.argv[1]}/plan.json"))
 total = int(plan["rounds"]) * int(plan["epochs"])
 pace = (done[-1] - done[0]) / (len(done) - 1) if len(done) > 1 else 0.0

@@ -127,11 +127,14 @@ def train_round(
     state_out: str | Path,
     metrics_path: str | Path,
     record_out: str | Path,
+    then: tuple[str | Path, str | Path] | None = None,
 ) -> None:
     """Trains one round's steps from the previous round's state (or the seeded start), then hands its state
-    on and writes its record: the samples it trained, in order."""
+    on and writes its record: the samples it trained, in order. With `then` (a record and a metrics path) the
+    same process goes on to the next epoch's first position, which trains the same round's states
+    (extract.reuse_last_round), and hands on the state after it: one job's start-up for the two."""
     kept = round_subsets(lengths, tcfg.get("max_samples"), int(tcfg["seed"]))
-    run, me = _round_run(
+    run, positions = _round_run(
         dataset,
         Path(target_dir),
         drafter_section=drafter_section,
@@ -143,30 +146,53 @@ def train_round(
         kept=kept,
         previous=previous,
     )
-    mine = kept[me.round]  # the plan indexes the round's training samples; the dataset holds them all
-    plan = round_plan(
-        lengths[me.round][mine], tcfg, block=run.cfg.block_size, world=run.world, epoch=epoch, rid=me.round
-    )
-    plan = [[int(mine[i]) for i in batch] for batch in plan]
-    _train_steps(run, RoundPlans(run, plan, epoch=epoch, first=me.first_step), me, metrics_path)
+    mine = [(_position(positions, epoch, position), metrics_path, record_out)]
+    if then is not None:
+        nxt = _position(positions, epoch + 1, 0)
+        if nxt.round != mine[0][0].round:
+            raise SystemExit(f"train_round: epoch {epoch + 1} does not begin with round {mine[0][0].round}")
+        mine.append((nxt, then[1], then[0]))
+    for me, metrics, record_path in mine:
+        rows = kept[me.round]  # the plan indexes the round's training samples; the dataset holds them all
+        plan = round_plan(
+            lengths[me.round][rows],
+            tcfg,
+            block=run.cfg.block_size,
+            world=run.world,
+            epoch=me.epoch,
+            rid=me.round,
+        )
+        plan = [[int(rows[i]) for i in batch] for batch in plan]
+        _train_steps(run, RoundPlans(run, plan, epoch=me.epoch, first=me.first_step), me, metrics)
+        if run.rank == 0:
+            write_json(record_path, _record(run, me, plan))
     if run.rank == 0:
-        ids = [i for s in run.ds.manifest["shards"] for i in s["sample_ids"]]
+        last = mine[-1][0]
         state = {
-            "step": me.first_step + me.steps,
+            "step": last.first_step + last.steps,
             "model": run.model.state_dict(),
             "opt": run.opt.state_dict(),
         }
         with atomic(state_out) as tmp:
             torch.save({**state, "cfg": run.cfg.to_json(), "uid": uuid.uuid4().hex}, tmp)
-        record: dict[str, object] = {"epoch": epoch, "position": position, "round": me.round}
-        record["first_step"] = me.first_step
-        record.update(steps=me.steps, total_steps=run.total, world_size=run.world)
-        record["tokens"] = int(sum(int(run.ds.lengths[i]) for b in plan for i in b))
-        record["sample_ids"] = [ids[i] for b in plan for i in b]
-        write_json(record_out, record)
     if run.world > 1:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def _position(positions: list[Position], epoch: int, position: int) -> Position:
+    return next(p for p in positions if (p.epoch, p.position) == (epoch, position))
+
+
+def _record(run: TrainingRun, me: Position, plan: list[list[int]]) -> dict:
+    """A position's record: where it stands in the run, and the samples it trained, in order."""
+    ids = [i for s in run.ds.manifest["shards"] for i in s["sample_ids"]]
+    record: dict[str, object] = {"epoch": me.epoch, "position": me.position, "round": me.round}
+    record["first_step"] = me.first_step
+    record.update(steps=me.steps, total_steps=run.total, world_size=run.world)
+    record["tokens"] = int(sum(int(run.ds.lengths[i]) for b in plan for i in b))
+    record["sample_ids"] = [ids[i] for b in plan for i in b]
+    return record
 
 
 def _round_run(
@@ -181,8 +207,8 @@ def _round_run(
     lengths: list[np.ndarray],
     kept: list[np.ndarray],
     previous: str | None,
-) -> tuple[TrainingRun, Position]:
-    """The round's data, drafter and optimiser (from the state handed on), and where it stands in the run;
+) -> tuple[TrainingRun, list[Position]]:
+    """The round's data, drafter and optimiser (from the state handed on), and every position of the run;
     raises when the dataset or the state is not the one the schedule expects."""
     rank, world, device = setup_device()
     dtype = resolve_dtype(tcfg["dtype"], device)
@@ -190,7 +216,7 @@ def _round_run(
     cfg = config_from_target(json.loads((target_dir / "config.json").read_text()), ds.taps, drafter_section)
     trained = [x[k] for x, k in zip(lengths, kept)]
     positions = schedule(trained, order, tcfg, block=cfg.block_size, world=world)
-    me = next(p for p in positions if (p.epoch, p.position) == (epoch, position))
+    me = _position(positions, epoch, position)
     if ds.lengths.tolist() != lengths[me.round].tolist():
         raise SystemExit(f"train_round: {dataset} does not hold round {me.round}'s samples as planned")
     model, opt = _seeded_model(cfg, tcfg, device=device)
@@ -223,7 +249,7 @@ def _round_run(
         total=total,
         warmup=max(1, int(round(tcfg["warmup_ratio"] * total))),
     )
-    return run, me
+    return run, positions
 
 
 def _train_steps(run: TrainingRun, plans: RoundPlans, me: Position, metrics_path: str | Path) -> None:

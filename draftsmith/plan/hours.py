@@ -59,10 +59,15 @@ def study_sizes(config: dict) -> list[int]:
     return sorted(int(n) for n in config.get("study", {}).get("train_samples", []))
 
 
-def job_counts(config: dict, *, rounds: int, passes: int, base_shards: int, slots: int) -> dict:
+def job_counts(config: dict, *, rounds: int, passes: float, base_shards: int, slots: int) -> dict:
     """Jobs of each stage: each pays its start-up (and the target's loading) once. A study's sizes each train
-    and bench as the main run does."""
-    extract = base_shards if rounds == 1 else base_shards * (rounds * passes + 1)  # + the held-out pieces
+    and bench as the main run does. With extract.reuse_last_round an epoch's last round and the next epoch's
+    first are one extraction and one training job."""
+    extracted = round(rounds * passes)  # the rounds' extractions: fewer than their positions with reuse
+    extract = base_shards if rounds == 1 else base_shards * (extracted + 1)  # + the held-out pieces
+    epochs = math.ceil(float(config["train"]["epochs"]))
+    turns = epochs - 1 if rounds > 1 and config["extract"]["reuse_last_round"] else 0
+    positions = rounds * epochs - turns
     parts = config["bench"]["parts"]
     datasets = len(config["bench"]["datasets"]) or 1
     answering = base_shards * answer_jobs(config, rounds=rounds, base_shards=base_shards, slots=slots)
@@ -71,7 +76,7 @@ def job_counts(config: dict, *, rounds: int, passes: int, base_shards: int, slot
         "regeneration": answering if rounds > 1 else 0,  # in one round, the extraction jobs regenerate
         "extraction": extract,
         "validation": extract,
-        "training": drafters * (1 if rounds == 1 else rounds * passes + 1),  # + the held-out evaluation
+        "training": drafters * (1 if rounds == 1 else positions + 1),  # + the held-out evaluation
         "bench": drafters * datasets * (max(1, slots) if parts == "auto" else int(parts)),
     }
 
@@ -142,7 +147,7 @@ def table_hours(
     *,
     gpu_name: str | None,
     gpus: int,
-    passes: int,
+    passes: float,
     bench_prompts: int | None,
 ) -> dict:
     """GPU-hours from the class's rates scaled to this target and drafter by parameter count."""
@@ -162,7 +167,7 @@ def table_hours(
         out["regeneration"] = _row(w["new"] / regen + w["prompt"] / ext, regen, "new tokens/s", rsrc, every)
     out["extract per epoch"] = _row(w["epoch"] / ext, ext, "tokens/s", esrc, every)
     out["extract, all passes"] = _row(
-        w["epoch"] * passes / ext, ext, "tokens/s", f"{passes} pass(es); {esrc}", every
+        w["epoch"] * passes / ext, ext, "tokens/s", f"{round(passes, 2):g} pass(es); {esrc}", every
     )
     out["train per epoch"] = _row(w["trained_tokens"] / trn, trn, "tokens/s", tsrc, trainers)
     out["train, all epochs"] = _row(
@@ -183,7 +188,7 @@ def timed_hours(
     timed: dict,
     *,
     gpus: int,
-    passes: int,
+    passes: float,
     rounds: int,
     base_shards: int,
     bench_prompts: int | None,
@@ -219,7 +224,7 @@ def timed_hours(
         w["epoch"] * passes / ext,
         ext,
         "tokens/s",
-        f"{passes} pass(es), {jobs['extraction']} extraction and validation jobs; {src}",
+        f"{round(passes, 2):g} pass(es), {jobs['extraction']} extraction and validation jobs; {src}",
         every,
         fixed,
     )

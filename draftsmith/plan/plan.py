@@ -13,7 +13,7 @@ from draftsmith.core.units import human, parse_size
 from draftsmith.plan.data import DataSize, estimate, measured
 from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_file, timed_hours
 from draftsmith.plan.memory import memory_plan, memory_rows
-from draftsmith.plan.rounds import rounds_needed
+from draftsmith.plan.rounds import extraction_passes, rounds_needed
 from draftsmith.plan.sizes import drafter_params, target_params, token_bytes, training_bytes
 
 SHAPES = Path(__file__).resolve().parents[2] / "configs" / "shapes"  # real targets' text shapes
@@ -255,7 +255,7 @@ def make_plan(
         base_shards=base_shards,
     )
     plan["epochs"], plan["in_flight"] = config["train"]["epochs"], int(config["extract"]["rounds_in_flight"])
-    plan["extraction_passes"] = 1 if plan["rounds"] == 1 else int(math.ceil(float(config["train"]["epochs"])))
+    plan["extraction_passes"] = planned_passes(config, plan["rounds"])
     passes, timed = plan["extraction_passes"], node_rates(config)
     if (failed := timed_file(config)) and "error" in failed:
         plan["notes"].append(
@@ -277,11 +277,34 @@ def make_plan(
         gpus=gpus,
     )
     plan["notes"] += plan["memory"]["notes"]
+    reuse_note(config, plan)
     plan["disk_rate_needed_gbs"] = (
         gpus * per_token[storage] * plan["stages"]["extract per epoch"]["rate"] / 1e9
     )
     disk_note(config, plan)
     return plan
+
+
+def planned_passes(config: dict, rounds: int) -> float:
+    """Extraction passes over the training samples (a whole number where it is one, as plan.json keeps it)."""
+    epochs = math.ceil(float(config["train"]["epochs"]))
+    passes = extraction_passes(epochs, rounds, reuse_last=bool(config["extract"]["reuse_last_round"]))
+    return int(passes) if passes.is_integer() else passes
+
+
+def reuse_note(config: dict, plan: dict) -> None:
+    """In rounds over several epochs without extract.reuse_last_round: what it would save."""
+    epochs = math.ceil(float(config["train"]["epochs"]))
+    if plan["rounds"] == 1 or epochs == 1 or config["extract"]["reuse_last_round"]:
+        return
+    fewer = extraction_passes(epochs, plan["rounds"], reuse_last=True)
+    passes = plan["extraction_passes"]
+    saved = plan["stages"]["extract, all passes"]["gpu_hours"] * (1 - fewer / passes)
+    plan["notes"].append(
+        f"extract.reuse_last_round: true would extract {round(fewer, 2):g} passes, not {passes:g}, about "
+        f"{saved:,.2f} GPU-hours less: each epoch after the first would begin with the round the one before "
+        "ended with, on its states still on disk (docs/planning.md)"
+    )
 
 
 def _unplanned(plan: dict, *, shape_known: bool) -> dict:
@@ -360,7 +383,7 @@ def render(plan: dict) -> str:
         (
             "rounds",
             str(plan["rounds"]),
-            f"{plan['extraction_passes']} extraction pass(es) over {plan['epochs']} epochs"
+            f"{round(plan['extraction_passes'], 2):g} extraction pass(es) over {plan['epochs']} epochs"
             + (f"; {plan['in_flight']} on disk at once" if plan["rounds"] > 1 else ""),
         ),
     ]

@@ -3,7 +3,9 @@
 The layout never depends on time or on the machine. Each base shard (the one-round run's shard, whose
 answers are regenerated once) is carved into `rounds` pieces, balanced by the tokens a sample can take; round
 r is piece r of every base shard, so every round keeps every GPU busy. Held-out samples are chosen by a hash
-of their id and extracted once, apart from the rounds. Each epoch visits the rounds in its own seeded order.
+of their id and extracted once, apart from the rounds. Each epoch visits the rounds in its own seeded order;
+with `extract.reuse_last_round` each epoch after the first begins with the round the one before ended with,
+whose states are still on disk, so one round an epoch is not extracted again.
 """
 
 from __future__ import annotations
@@ -115,6 +117,44 @@ def job_rows(count: int, job: int, jobs: int) -> np.ndarray:
 def round_order(rounds: int, epoch: int, seed: int) -> list[int]:
     """The order an epoch visits the rounds in: a fresh seeded permutation each epoch."""
     return [int(r) for r in np.random.default_rng([seed, epoch, 7919]).permutation(rounds)]
+
+
+def round_orders(rounds: int, epochs: int, seed: int, *, reuse_last: bool) -> list[list[int]]:
+    """Each epoch's order of the rounds. With `reuse_last` an epoch after the first begins with the round the
+    epoch before ended with (trained again at once on the states still on disk) and visits the others in its
+    own seeded order; the first epoch's order is the same either way."""
+    orders: list[list[int]] = []
+    for epoch in range(epochs):
+        order = round_order(rounds, epoch, seed)
+        if reuse_last and orders:
+            order = [orders[-1][-1], *(r for r in order if r != orders[-1][-1])]
+        orders.append(order)
+    return orders
+
+
+def extracted_epoch(epoch: int, position: int, *, rounds: int, reuse_last: bool) -> int:
+    """The epoch whose extraction of its round the (epoch, position) trains on: its own, or with `reuse_last`
+    the epoch before's for an epoch's first position, which trains the round that epoch ended with."""
+    return epoch - 1 if reuse_last and rounds > 1 and epoch > 0 and position == 0 else epoch
+
+
+def extracted_rounds(orders: list[list[int]], *, reuse_last: bool) -> list[tuple[int, int]]:
+    """Every (epoch, round) whose states are extracted, in training order."""
+    rounds = len(orders[0]) if orders else 0
+    return [
+        (e, r)
+        for e, order in enumerate(orders)
+        for p, r in enumerate(order)
+        if extracted_epoch(e, p, rounds=rounds, reuse_last=reuse_last) == e
+    ]
+
+
+def extraction_passes(epochs: int, rounds: int, *, reuse_last: bool) -> float:
+    """Passes over the training samples' states that the rounds extract: one an epoch, less a round (of
+    `rounds`, balanced) at each epoch's start after the first with `reuse_last`; one in all in one round."""
+    if rounds == 1:
+        return 1.0
+    return epochs - ((epochs - 1) / rounds if reuse_last else 0.0)
 
 
 def round_tokens(shards: list[pd.DataFrame], config: dict, *, rounds: int) -> tuple[np.ndarray, int]:

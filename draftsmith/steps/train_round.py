@@ -1,5 +1,6 @@
 """Train one round of the drafter (training in rounds): from the state the round before handed on, on this
-round's merged hidden states; writes the state it hands on and the record of the samples it trained."""
+round's merged hidden states; writes the state it hands on and the record of the samples it trained. With
+--then-record, an epoch's last round goes on to the next epoch's first, the same round (reused states)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state", required=True)
     p.add_argument("--record", required=True)
     p.add_argument("--metrics", required=True)
+    p.add_argument(
+        "--then-record",
+        default=None,
+        help="also train the next epoch's first position (the same round's states), writing its record here; "
+        "--state is then the state after it",
+    )
+    p.add_argument("--then-metrics", default=None)
     a = p.parse_args(argv)
+    if (a.then_record is None) != (a.then_metrics is None):
+        p.error("--then-record and --then-metrics go together")
     setup_logging()
     set_threads(a.threads)
     target = resolve_target(a.target)
@@ -59,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                 state_out=a.state,
                 metrics_path=a.metrics,
                 record_out=a.record,
+                then=None if a.then_record is None else (a.then_record, a.then_metrics),
             ),
         )
     )

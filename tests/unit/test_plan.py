@@ -20,7 +20,18 @@ from draftsmith.core.units import parse_size
 from draftsmith.dataset.shards import ShardWriter
 from draftsmith.plan.hours import job_counts
 from draftsmith.plan.plan import PlanError, decide_rounds
-from draftsmith.plan.rounds import answer_jobs, heldout_rows, job_rows, peak_tokens, round_order, select_rows
+from draftsmith.plan.rounds import (
+    answer_jobs,
+    extracted_epoch,
+    extracted_rounds,
+    extraction_passes,
+    heldout_rows,
+    job_rows,
+    peak_tokens,
+    round_order,
+    round_orders,
+    select_rows,
+)
 from draftsmith.plan.sizes import token_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +76,8 @@ def test_fewer_shards_than_slots_are_answered_by_several_jobs_each():
     """Ahead of the rounds every slot answers at once: 2 shards on 8 slots take 4 jobs each, every 4th sample
     each, covering the shard once; one round, or a pinned count, keeps what the config says."""
     config = with_defaults("data", {"regenerate": {"enabled": True}})
-    config = {"data": config, "bench": {"parts": 1, "datasets": []}}
+    config = {"data": config, "bench": {"parts": 1, "datasets": []}, "train": with_defaults("train")}
+    config["extract"] = with_defaults("extract")
     assert answer_jobs(config, rounds=4, base_shards=2, slots=8) == 4
     assert answer_jobs(config, rounds=4, base_shards=3, slots=8) == 3  # ceil: a slot may answer twice
     assert answer_jobs(config, rounds=4, base_shards=16, slots=8) == 1
@@ -96,14 +108,47 @@ def test_a_studys_sizes_are_planned_as_the_drafters_they_train_and_bench():
     assert study["training_runs"] == 1.75 and study["bench_tokens"] == 3 * alone["bench_tokens"]
     config["study"]["budget"] = "steps"
     assert _work(config, size, bench_prompts=10)["training_runs"] == 3
+    config["train"]["epochs"] = 2
+    config["extract"] = with_defaults("extract")
     jobs = job_counts(config, rounds=4, passes=2, base_shards=2, slots=8)
     assert jobs["training"] == 3 * (4 * 2 + 1) and jobs["bench"] == 3 * 2, jobs
+    # reusing the last round: epoch 1's first round is neither extracted nor trained in a job of its own
+    config["extract"]["reuse_last_round"] = True
+    passes = extraction_passes(2, 4, reuse_last=True)
+    reused = job_counts(config, rounds=4, passes=passes, base_shards=2, slots=8)
+    assert reused["training"] == 3 * (4 * 2 - 1 + 1) and reused["extraction"] == 2 * (4 * 2 - 1 + 1), reused
 
 
 def test_each_epoch_visits_the_rounds_in_its_own_order():
     orders = [round_order(6, e, 0) for e in range(4)]
     assert all(sorted(o) == list(range(6)) for o in orders) and len({tuple(o) for o in orders}) > 1
     assert round_order(6, 1, 0) == orders[1]  # seeded: the DAG is the same at every parse
+
+
+def test_reusing_the_last_round_begins_each_epoch_with_the_round_the_one_before_ended_with():
+    """extract.reuse_last_round: every epoch still visits every round once; each after the first begins with
+    the previous epoch's last round, trained on that epoch's extraction, so one round an epoch is not
+    extracted again; the first epoch's order is the one without reuse."""
+    orders = round_orders(4, 5, 0, reuse_last=True)
+    assert orders[0] == round_order(4, 0, 0) == round_orders(4, 5, 0, reuse_last=False)[0]
+    assert all(sorted(o) == list(range(4)) for o in orders)
+    assert all(b[0] == a[-1] for a, b in zip(orders, orders[1:]))
+    assert len({tuple(o[1:]) for o in orders[1:]}) > 1  # the others in each epoch's own order
+    assert [
+        extracted_epoch(e, p, rounds=4, reuse_last=True) for e, p in [(0, 0), (1, 0), (1, 1), (3, 0)]
+    ] == [
+        0,
+        0,
+        1,
+        2,
+    ]
+    assert extracted_epoch(1, 0, rounds=4, reuse_last=False) == 1
+    extracted = extracted_rounds(orders, reuse_last=True)
+    assert len(extracted) == 4 * 5 - 4 and len(extracted_rounds(orders, reuse_last=False)) == 20
+    assert all((e, orders[e][0]) not in extracted for e in range(1, 5))
+    assert extraction_passes(5, 4, reuse_last=True) == len(extracted) / 4 == 4.0
+    assert extraction_passes(6, 2, reuse_last=True) == 3.5 and extraction_passes(6, 2, reuse_last=False) == 6
+    assert extraction_passes(6, 1, reuse_last=True) == 1  # one round: extracted once, kept
 
 
 def test_rounds_as_few_as_fit_and_a_budget_below_one_round_is_refused():
@@ -182,6 +227,21 @@ def test_plan_command_on_the_27b_preset_with_100k_prompts(tmp_path):
     assert merged["data"]["answer_tokens"] == 1024 and "regeneration" in merged["stages"]
     assert merged["memory"]["limit_source"] == "gpu_memory 70GB"  # a cap the check would not fit: said so
     assert any("the fp32 check needs about" in n and "fp32_check_prompts: 0" in n for n in merged["notes"])
+    reuse = [
+        n for n in plan["notes"] if n.startswith("extract.reuse_last_round: true would extract 3.5 passes")
+    ]
+    assert reuse, plan["notes"]  # two rounds over 6 epochs: what reusing the last round would save, said
+    reused = tmp_path / "reuse.yaml"
+    reused.write_text("extract: {reuse_last_round: true}\n")
+    cut = json.loads(
+        subprocess.run(
+            cmd[:7] + [str(reused)] + cmd[7:], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert cut["extraction_passes"] == 3.5 and not any("reuse_last_round" in n for n in cut["notes"])
+    assert cut["stages"]["extract, all passes"]["gpu_hours"] == pytest.approx(
+        3.5 * cut["stages"]["extract per epoch"]["gpu_hours"]
+    )
     small = subprocess.run(cmd[:-2] + ["400GB"], cwd=REPO, capture_output=True, text=True)
     assert small.returncode == 2 and "fp8" in small.stderr and "smallest round" in small.stderr
 

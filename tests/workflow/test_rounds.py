@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import REPO, digest, job_counts, make_workflow, snakemake
 
-from draftsmith.plan.rounds import round_order
+from draftsmith.plan.rounds import round_order, round_orders
 
 BUDGET = 260_000  # bytes: three rounds of the 24 records' states (about 500 KB in bf16)
 RECORDS = 24
@@ -215,6 +215,50 @@ def test_every_epoch_visits_every_training_sample_once(rounds_run):
     assert summary["heldout_samples"] == len(held)
 
 
+def test_reusing_the_last_round_extracts_and_starts_a_round_less_an_epoch_under_the_budget(
+    rounds_run, tmp_path
+):
+    """extract.reuse_last_round: epoch 1 begins with the round epoch 0 ended with, on epoch 0's extraction of
+    it (deleted once trained on), and one job (the epoch's turn) trains both positions; every epoch still
+    visits every training sample once, and the states on disk stay under the budget."""
+    cfg = yaml.safe_load(rounds_run["config"].read_text())
+    res = tmp_path / "results"
+    cfg["results"] = str(res)
+    cfg["extract"]["reuse_last_round"] = True
+    (tmp_path / "reuse.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["--configfile", str(tmp_path / "reuse.yaml")]
+    shutil.copytree(rounds_run["res"] / "answers/cache", res / "answers/cache")  # no decoding again
+    dry = snakemake("-n", *args)
+    counts = job_counts(dry.stdout)
+    assert counts["extract_round"] == 2 * 5 and counts["merge_round"] == 5, counts  # not 6 rounds' worth
+    assert counts["train_round"] == 4 and counts["train_turn"] == 1, counts  # 6 positions in 5 jobs
+    assert "| rounds | 3 | 1.67 extraction pass(es) over 2 epochs" in dry.stdout + dry.stderr
+    peak = Peak(res)
+    snakemake(f"{res}/train/summary.json", *args)
+    top = peak.stop()
+    assert 0 < top <= BUDGET, top
+    records = {
+        (r["epoch"], r["position"]): r
+        for r in (json.loads(p.read_text()) for p in (res / "rounds").rglob("record.json"))
+    }
+    orders = [[records[(e, p)]["round"] for p in range(3)] for e in (0, 1)]
+    assert orders == round_orders(3, 2, 0, reuse_last=True) and orders[1][0] == orders[0][-1], orders
+    assert records[(1, 0)]["sample_ids"] != records[(0, 2)]["sample_ids"]  # reshuffled for its epoch
+    assert set(records[(1, 0)]["sample_ids"]) == set(records[(0, 2)]["sample_ids"])
+    assert records[(1, 0)]["first_step"] == records[(0, 2)]["first_step"] + records[(0, 2)]["steps"]
+    heldout = json.loads((res / "rounds/heldout/manifest.json").read_text())["shards"]
+    trained = {f"r{i}" for i in range(RECORDS)} - {i for s in heldout for i in s["sample_ids"]}
+    for epoch in (0, 1):
+        ids = [i for (e, _), r in sorted(records.items()) if e == epoch for i in r["sample_ids"]]
+        assert len(ids) == len(set(ids)) and set(ids) == trained, (epoch, sorted(ids))
+    first = orders[1][0]
+    assert (res / f"logs/rounds/e0/extract/shard000.r{first}.log").exists()
+    assert not (res / f"logs/rounds/e1/extract/shard000.r{first}.log").exists()
+    assert not list(res.glob("rounds/e*/*.safetensors")) and not list(res.rglob("state.pt"))  # all deleted
+    summary = json.loads((res / "train/summary.json").read_text())
+    assert summary["steps"] == sum(r["steps"] for r in records.values()) and summary["epochs"] == 2
+
+
 def _changed(rounds_run, name: str, **sections) -> list[str]:
     cfg = yaml.safe_load(rounds_run["config"].read_text())
     for section, values in sections.items():
@@ -287,7 +331,9 @@ def test_the_answering_jobs_setting_reaches_no_jobs_data_settings(rounds_run):
     """jobs_per_shard names each answering job's rows in its command: written out at the value it already
     has, it reruns nothing but the plan (in a job's data settings, its default alone would rerun every job)."""
     regen = {**yaml.safe_load(rounds_run["config"].read_text())["data"]["regenerate"], "jobs_per_shard": 1}
-    counts = job_counts(snakemake("-n", *_changed(rounds_run, "jobs1.yaml", data={"regenerate": regen})).stdout)
+    counts = job_counts(
+        snakemake("-n", *_changed(rounds_run, "jobs1.yaml", data={"regenerate": regen})).stdout
+    )
     assert set(counts) <= {"plan", "plan_check", "all"}, counts
 
 
@@ -324,7 +370,14 @@ def test_the_plan_is_timed_on_this_node_and_checked_against_the_run(rounds_run):
     GPU job's benchmark file, stage by stage."""
     res = rounds_run["res"]
     timed = json.loads((res / "rates.json").read_text())["rates"]
-    for key in ("extract_tokens_s", "regenerate_new_tokens_s", "bench_tokens_s", "load_s", "start_s", "train_start_s"):
+    for key in (
+        "extract_tokens_s",
+        "regenerate_new_tokens_s",
+        "bench_tokens_s",
+        "load_s",
+        "start_s",
+        "train_start_s",
+    ):
         assert timed[key] > 0, (key, timed)
     assert 0 < timed["train_end_s"] < 60, timed  # a training job's exit, timed after its result
     assert timed["train_s_per_sample"] + timed["train_s_per_step"] > 0, timed

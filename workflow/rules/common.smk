@@ -25,7 +25,12 @@ from draftsmith.plan.plan import (
     render,
     rounds_problems,
 )
-from draftsmith.plan.rounds import answer_jobs, round_order
+from draftsmith.plan.rounds import (
+    answer_jobs,
+    extracted_epoch,
+    extracted_rounds,
+    round_orders,
+)
 from draftsmith.speculative.engine_run import engine_in_dag
 from draftsmith.target.files import is_hub_id
 
@@ -365,12 +370,14 @@ ANSWER_JOBS = answer_jobs(
     slots=NODE_GPUS or int(config["extract"]["cpu_slots"]),
 )
 ANSWERED = "{shard}" if ANSWER_JOBS == 1 else "{shard}.j{answer_job}"
+# an epoch after the first may begin with the round the one before ended with, on its states still on disk
+REUSE_LAST = bool(config["extract"]["reuse_last_round"]) and ROUNDS > 1
 # round ids in the order each epoch trains them (a fresh order each epoch)
-ROUND_ORDER = [
-    round_order(ROUNDS, e, int(config["train"]["seed"])) for e in range(EPOCHS)
-]
-# the budget and the rounds in flight change the rounds, never the bytes of a shard
-EXTRACT_DROP = ("disk_budget", "rounds_in_flight")
+ROUND_ORDER = round_orders(
+    ROUNDS, EPOCHS, int(config["train"]["seed"]), reuse_last=REUSE_LAST
+)
+# the budget, the rounds in flight and their reuse change the rounds, never the bytes of a shard
+EXTRACT_DROP = ("disk_budget", "rounds_in_flight", "reuse_last_round")
 # Snakemake's priorities for the rounds' jobs: a job nearer a training goes first, so the slots finish the next
 # round before they start one further ahead (docs/measurements.md, 2026-12-05). Its scheduler adds up the
 # priorities of the jobs it starts together: a training's outweighs a node's worth of the others, as it may
@@ -436,10 +443,7 @@ def get_round_gate(wildcards):
     if gate is None:
         return {}
     return {  # the main run's training of that round, and each study size's
-        "gate": [
-            f"{round_dir(n)}/e{gate[0]}/p{gate[1]}/record.json"
-            for n in [None, *STUDY_SIZES]
-        ]
+        "gate": [position_path(*gate, "record.json", n) for n in [None, *STUDY_SIZES]]
     }
 
 
@@ -448,28 +452,73 @@ def round_dir(n=None):
     return f"{RESULTS}/rounds" if n is None else f"{RESULTS}/study/n{n}/rounds"
 
 
+def in_turn(epoch, pos):
+    """With extract.reuse_last_round an epoch's last position (but the run's last) and the next epoch's first
+    train the same round's states in one job, the epoch's turn (train_turn): "first" or "then" for those two
+    positions, None for a position trained in a job of its own."""
+    if not REUSE_LAST:
+        return None
+    if pos == ROUNDS - 1 and epoch < EPOCHS - 1:
+        return "first"
+    return "then" if pos == 0 and epoch > 0 else None
+
+
+def position_path(epoch, pos, name, n=None):
+    """A position's record.json, metrics.csv or state.pt (the main run's, or study size n's): in its own
+    directory, or in its turn's (train_turn writes no state between the turn's two positions).
+    """
+    turn = in_turn(epoch, pos)
+    if turn == "first":
+        return f"{round_dir(n)}/e{epoch}/turn/{name}"
+    if turn == "then":
+        return f"{round_dir(n)}/e{epoch - 1}/turn/then/{name}"
+    return f"{round_dir(n)}/e{epoch}/p{pos}/{name}"
+
+
+def position_records(n=None):
+    """Every position's record, in training order (train's input: the main run's, or study size n's)."""
+    return [
+        position_path(e, p, "record.json", n)
+        for e in range(EPOCHS)
+        for p in range(ROUNDS)
+    ]
+
+
 def get_study_round_input(wildcards):
     """A study size's round: the main run's inputs for it, and the state the size's position before handed
     on."""
     return get_round_input(wildcards, n=wildcards.n)
 
 
+def get_turn_input(wildcards, n=None):
+    """An epoch's turn: the inputs of its last position, which the turn trains first."""
+    return round_input(int(wildcards.epoch), ROUNDS - 1, n)
+
+
+def get_study_turn_input(wildcards):
+    return get_turn_input(wildcards, n=wildcards.n)
+
+
 def get_round_input(wildcards, n=None):
+    return round_input(int(wildcards.epoch), int(wildcards.pos), n)
+
+
+def round_input(epoch, pos, n=None):
     """The round this position trains, its states, and the state the position before handed on (the main
     run's, or study size n's)."""
-    epoch, pos = int(wildcards.epoch), int(wildcards.pos)
     rid = ROUND_ORDER[epoch][pos]
+    src = extracted_epoch(epoch, pos, rounds=ROUNDS, reuse_last=REUSE_LAST)
     out = {
         "mask": rules.mask_check.output.token,  # a new mask token retrains (see train.smk)
-        "dataset": rules.merge_round.output.manifest.format(epoch=epoch, round=rid),
+        "dataset": rules.merge_round.output.manifest.format(epoch=src, round=rid),
         "shards": expand(
-            rules.extract_round.output.shard, epoch=epoch, round=rid, shard=SHARDS
+            rules.extract_round.output.shard, epoch=src, round=rid, shard=SHARDS
         ),
         "answers": [answers_path(s) for s in SHARDS],
     }
     prev = position_before(epoch, pos, 1)
     if prev is not None:
-        out["state"] = f"{round_dir(n)}/e{prev[0]}/p{prev[1]}/state.pt"
+        out["state"] = position_path(*prev, "state.pt", n)
     return out
 
 
@@ -508,25 +557,22 @@ def dag_layout():
             "training": [[str(rules.train.benchmark), trainer]],
         }
     else:
-        checks = (
-            rules.extract_round,
-            rules.validate_round,
-            rules.extract_heldout,
-            rules.validate_heldout,
-        )
+        held = (rules.extract_heldout, rules.validate_heldout)
         stages = {
             "regeneration": [[str(rules.regenerate.benchmark), 0]],
-            "extraction": [[str(r.benchmark), 0] for r in checks],
+            "extraction": [*round_checks(), *[[str(r.benchmark), 0] for r in held]],
             # the final evaluation holds one GPU
             "training": [
-                [str(rules.train_round.benchmark), trainer],
+                *round_trainings("train_round", "train_turn", trainer),
                 [str(rules.train.benchmark), 1],
             ],
         }
     stages["bench"] = [[str(rules.bench.benchmark), 0]]
     if STUDY_SIZES:  # each size's trainings and benches, as the main run's
         if ROUNDS > 1:
-            stages["training"].append([str(rules.study_train_round.benchmark), trainer])
+            stages["training"] += round_trainings(
+                "study_train_round", "study_train_turn", trainer
+            )
         stages["training"].append(
             [str(rules.study_train.benchmark), trainer if ROUNDS == 1 else 1]
         )
@@ -542,6 +588,38 @@ def dag_layout():
         "n": STUDY_SIZES,
     }
     return shlex.quote(json.dumps({"stages": stages, "values": values}))
+
+
+def round_checks():
+    """The rounds' extraction and validation benchmarks, each (epoch, round) extracted (with
+    extract.reuse_last_round, not an epoch's first round after the first epoch): the plan's check lists only
+    the jobs this DAG has."""
+    rules_ = (rules.extract_round, rules.validate_round)
+    if not REUSE_LAST:
+        return [[str(r.benchmark), 0] for r in rules_]
+    return [
+        [str(r.benchmark).format(epoch=e, round=rid, shard="{shard}"), 0]
+        for e, rid in extracted_rounds(ROUND_ORDER, reuse_last=True)
+        for r in rules_
+    ]
+
+
+def round_trainings(own, turn, slots):
+    """A chain of rounds' training benchmarks (rules `own` and `turn`), each job this DAG has: with
+    extract.reuse_last_round, the positions trained in jobs of their own and the epochs' turns.
+    """
+    if not REUSE_LAST:
+        return [[str(getattr(rules, own).benchmark), slots]]
+    own_jobs = [
+        [str(getattr(rules, own).benchmark).format(epoch=e, pos=p, n="{n}"), slots]
+        for e in range(EPOCHS)
+        for p in range(ROUNDS)
+        if in_turn(e, p) is None
+    ]
+    turns = str(getattr(rules, turn).benchmark)
+    return own_jobs + [
+        [turns.format(epoch=e, n="{n}"), slots] for e in range(EPOCHS - 1)
+    ]
 
 
 def get_answer_stats(wildcards):

@@ -3,7 +3,9 @@
 # data.regenerate.jobs_per_shard); then, epoch by epoch and round by round in each epoch's order, a
 # round's pieces of every shard are extracted, validated, merged and trained on, and deleted (temp) once its
 # training is done. The next round's extraction waits for that training, so states on disk never exceed one
-# round plus the held-out samples, which are extracted once and kept for the final evaluation.
+# round plus the held-out samples, which are extracted once and kept for the final evaluation. With
+# extract.reuse_last_round an epoch's first round is the one the epoch before ended with: it trains on that
+# epoch's extraction, deleted once both trainings are done.
 
 
 wildcard_constraints:
@@ -230,19 +232,61 @@ rule train_round:
         " --metrics {output.metrics} > {log} 2>&1"
 
 
+if REUSE_LAST:
+
+    # An epoch's turn (extract.reuse_last_round): its last position and the next epoch's first train the same
+    # round's states, in one job that pays its start-up once and hands on the state after both.
+    rule train_turn:
+        input:
+            unpack(target_input),
+            unpack(get_turn_input),
+        output:
+            record=f"{RESULTS}/rounds/e{{epoch}}/turn/record.json",
+            metrics=f"{RESULTS}/rounds/e{{epoch}}/turn/metrics.csv",
+            then_record=f"{RESULTS}/rounds/e{{epoch}}/turn/then/record.json",
+            then_metrics=f"{RESULTS}/rounds/e{{epoch}}/turn/then/metrics.csv",
+            state=temp(f"{RESULTS}/rounds/e{{epoch}}/turn/then/state.pt"),
+        log:
+            f"{RESULTS}/logs/rounds/e{{epoch}}/turn/train.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/rounds/e{{epoch}}/turn/train.tsv"
+        priority: ROUND_PRIORITY["train"]
+        conda:
+            "../../envs/draftsmith.yaml"
+        threads: train_threads()
+        resources:
+            gpu=train_gpus(),
+        params:
+            target=target_path(),
+            drafter=as_json("drafter"),
+            train=as_json("train"),
+            tcfg=target_json(drop=("dtype", "expect")),
+            data=as_json("data", drop=("path",)),
+            rows=rows_json("round"),
+            order=shlex.quote(json.dumps(ROUND_ORDER)),
+            last=ROUNDS - 1,
+            previous=lambda wildcards, input: (
+                f"--previous {input.state}" if "state" in input.keys() else ""
+            ),
+        shell:
+            "python -m draftsmith.steps.train_round --dataset {input.dataset} --target {params.target}"
+            " --epoch {wildcards.epoch} --position {params.last} --order {params.order} {params.previous}"
+            " --answers {input.answers} --rows-json {params.rows} --data-json {params.data}"
+            " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
+            " --mask-token {input.mask} --threads {threads} --state {output.state} --record {output.record}"
+            " --metrics {output.metrics} --then-record {output.then_record}"
+            " --then-metrics {output.then_metrics} > {log} 2>&1"
+
+
 # With rounds, `train` makes the same outputs from the last round's state, evaluated on the held-out samples.
 rule train:
     input:
         unpack(target_input),
-        state=f"{RESULTS}/rounds/e{EPOCHS - 1}/p{ROUNDS - 1}/state.pt",
+        state=position_path(EPOCHS - 1, ROUNDS - 1, "state.pt"),
         mask=rules.mask_check.output.token,
         heldout=rules.merge_heldout.output.manifest,
         heldout_shards=rules.merge_heldout.input.shards,
-        records=[
-            f"{RESULTS}/rounds/e{e}/p{p}/record.json"
-            for e in range(EPOCHS)
-            for p in range(ROUNDS)
-        ],
+        records=position_records(),
     output:
         final=directory(f"{RESULTS}/train/final"),
         metrics=f"{RESULTS}/train/metrics.csv",

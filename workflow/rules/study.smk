@@ -25,18 +25,35 @@ if ROUNDS > 1:
         params:  # the others as the main run's (keyword params not named here are kept)
             train=study_train_json,
 
+    if REUSE_LAST:
+
+        use rule train_turn as study_train_turn with:
+            input:
+                unpack(target_input),
+                unpack(get_study_turn_input),
+            output:
+                record=f"{RESULTS}/study/n{{n}}/rounds/e{{epoch}}/turn/record.json",
+                metrics=f"{RESULTS}/study/n{{n}}/rounds/e{{epoch}}/turn/metrics.csv",
+                then_record=f"{RESULTS}/study/n{{n}}/rounds/e{{epoch}}/turn/then/record.json",
+                then_metrics=f"{RESULTS}/study/n{{n}}/rounds/e{{epoch}}/turn/then/metrics.csv",
+                state=temp(
+                    f"{RESULTS}/study/n{{n}}/rounds/e{{epoch}}/turn/then/state.pt"
+                ),
+            log:
+                f"{RESULTS}/logs/study/n{{n}}/rounds/e{{epoch}}/turn/train.log",
+            benchmark:
+                f"{RESULTS}/benchmarks/study/n{{n}}/rounds/e{{epoch}}/turn/train.tsv"
+            params:  # the others as the main run's (keyword params not named here are kept)
+                train=study_train_json,
+
     use rule train as study_train with:
         input:
             unpack(target_input),
-            state=f"{RESULTS}/study/n{{n}}/rounds/e{EPOCHS - 1}/p{ROUNDS - 1}/state.pt",
+            state=position_path(EPOCHS - 1, ROUNDS - 1, "state.pt", "{n}"),
             mask=rules.mask_check.output.token,
             heldout=rules.merge_heldout.output.manifest,
             heldout_shards=rules.merge_heldout.input.shards,
-            records=[
-                f"{RESULTS}/study/n{{n}}/rounds/e{e}/p{p}/record.json"
-                for e in range(EPOCHS)
-                for p in range(ROUNDS)
-            ],
+            records=position_records("{n}"),
         output:
             final=directory(f"{RESULTS}/study/n{{n}}/train/final"),
             metrics=f"{RESULTS}/study/n{{n}}/train/metrics.csv",
