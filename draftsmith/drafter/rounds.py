@@ -152,6 +152,7 @@ def train_round(
         if nxt.round != mine[0][0].round:
             raise SystemExit(f"train_round: epoch {epoch + 1} does not begin with round {mine[0][0].round}")
         mine.append((nxt, then[1], then[0]))
+    ddp = wrap_ddp(run.model, run.device) if run.world > 1 else run.model  # once for a turn's two positions
     for me, metrics, record_path in mine:
         rows = kept[me.round]  # the plan indexes the round's training samples; the dataset holds them all
         plan = round_plan(
@@ -163,7 +164,7 @@ def train_round(
             rid=me.round,
         )
         plan = [[int(rows[i]) for i in batch] for batch in plan]
-        _train_steps(run, RoundPlans(run, plan, epoch=me.epoch, first=me.first_step), me, metrics)
+        _train_steps(run, ddp, RoundPlans(run, plan, epoch=me.epoch, first=me.first_step), me, metrics)
         if run.rank == 0:
             write_json(record_path, _record(run, me, plan))
     if run.rank == 0:
@@ -252,11 +253,12 @@ def _round_run(
     return run, positions
 
 
-def _train_steps(run: TrainingRun, plans: RoundPlans, me: Position, metrics_path: str | Path) -> None:
+def _train_steps(
+    run: TrainingRun, ddp: torch.nn.Module, plans: RoundPlans, me: Position, metrics_path: str | Path
+) -> None:
     """The round's steps, a metrics row each (global step numbers) on rank 0."""
     from tqdm import tqdm
 
-    ddp = wrap_ddp(run.model, run.device) if run.world > 1 else run.model
     metrics = (
         reopen_metrics(Path(metrics_path), metrics_columns(run.cfg.block_size), 0) if run.rank == 0 else None
     )

@@ -365,6 +365,31 @@ def test_rounds_in_flight_gate_extraction_two_places_back(rounds_run):
         assert gates[(epoch, rid)] == before, (epoch, rid, gates[(epoch, rid)], before)
 
 
+def test_with_reuse_the_rounds_in_flight_count_extractions_not_positions(rounds_run):
+    """extract.reuse_last_round with rounds_in_flight: 2: each extraction waits for the training of the round
+    extracted two extractions before it (a turn's record when that round was reused), so a reused round,
+    extracted once, takes one place in flight, not two, and the rounds after a turn keep their lead."""
+    over = _changed(
+        rounds_run, "flight_reuse.yaml", extract={"rounds_in_flight": 2, "reuse_last_round": True}
+    )
+    out = snakemake("-n", *over).stdout
+    rounds = json.loads((rounds_run["res"] / "plan/rounds.json").read_text())["rounds"]
+    orders = round_orders(rounds, 2, 0, reuse_last=True)
+    extracted = [(0, r) for r in orders[0]] + [(1, r) for r in orders[1][1:]]
+    record = {(0, r): f"e0/p{p}/record.json" for p, r in enumerate(orders[0])}
+    record[(0, orders[0][-1])] = "e0/turn/record.json"  # epoch 0's last position trains in the turn
+    record.update({(1, r): f"e1/p{p}/record.json" for p, r in enumerate(orders[1]) if p})
+    gates = {}
+    for block in out.split("\nrule ")[1:]:
+        if block.startswith("extract_round:"):
+            wild = dict(kv.split("=") for kv in re.search(r"wildcards: (.*)", block)[1].split(", "))
+            gate = re.search(r"rounds/(e\d+/(?:p\d+|turn)/record\.json)", re.search(r"input: (.*)", block)[1])
+            gates[(int(wild["epoch"]), int(wild["round"]))] = gate and gate[1]
+    assert sorted(gates) == sorted(extracted), (sorted(gates), extracted)
+    for i, key in enumerate(extracted):
+        assert gates[key] == (record[extracted[i - 2]] if i >= 2 else None), (key, gates[key])
+
+
 def test_the_plan_is_timed_on_this_node_and_checked_against_the_run(rounds_run):
     """The rates job timed this machine; the plan's GPU-hours come from it, and the plan's check reads every
     GPU job's benchmark file, stage by stage."""

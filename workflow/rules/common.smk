@@ -376,6 +376,8 @@ REUSE_LAST = bool(config["extract"]["reuse_last_round"]) and ROUNDS > 1
 ROUND_ORDER = round_orders(
     ROUNDS, EPOCHS, int(config["train"]["seed"]), reuse_last=REUSE_LAST
 )
+# every (epoch, round) extracted, in training order (with reuse, not an epoch's first after the first)
+EXTRACTED = extracted_rounds(ROUND_ORDER, reuse_last=REUSE_LAST)
 # the budget, the rounds in flight and their reuse change the rounds, never the bytes of a shard
 EXTRACT_DROP = ("disk_budget", "rounds_in_flight", "reuse_last_round")
 # Snakemake's priorities for the rounds' jobs: a job nearer a training goes first, so the slots finish the next
@@ -435,13 +437,16 @@ def position_before(epoch, pos, steps):
 
 
 def get_round_gate(wildcards):
-    """A round's extraction waits until the round extract.rounds_in_flight places before it has trained (and
-    its states were deleted), so no more than that many rounds are on disk at once."""
-    epoch = int(wildcards.epoch)
-    pos = ROUND_ORDER[epoch].index(int(wildcards.round))
-    gate = position_before(epoch, pos, int(config["extract"]["rounds_in_flight"]))
-    if gate is None:
+    """A round's extraction waits until the round extracted extract.rounds_in_flight extractions before it has
+    trained (and its states were deleted), so no more than that many rounds are on disk at once. Counted in
+    extractions, not positions: a reused round (extract.reuse_last_round) is extracted once, and its turn's
+    record, the gate on it, is written when both its positions are done."""
+    here = EXTRACTED.index((int(wildcards.epoch), int(wildcards.round)))
+    back = here - int(config["extract"]["rounds_in_flight"])
+    if back < 0:
         return {}
+    epoch, rid = EXTRACTED[back]
+    gate = (epoch, ROUND_ORDER[epoch].index(rid))
     return {  # the main run's training of that round, and each study size's
         "gate": [position_path(*gate, "record.json", n) for n in [None, *STUDY_SIZES]]
     }
@@ -599,7 +604,7 @@ def round_checks():
         return [[str(r.benchmark), 0] for r in rules_]
     return [
         [str(r.benchmark).format(epoch=e, round=rid, shard="{shard}"), 0]
-        for e, rid in extracted_rounds(ROUND_ORDER, reuse_last=True)
+        for e, rid in EXTRACTED
         for r in rules_
     ]
 
