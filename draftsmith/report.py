@@ -164,15 +164,56 @@ def plot_position_acceptance(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def comparison(df: pd.DataFrame, label_here: str, others: dict[str, str]) -> pd.DataFrame:
-    """tau of this run next to other runs' (e.g. the bf16 demo next to the fp8 one) on the same rows."""
+def comparison(
+    df: pd.DataFrame, label_here: str, others: dict[str, str], records: list[dict] | None = None
+) -> pd.DataFrame:
+    """tau of this run next to other runs' (e.g. the bf16 demo next to the fp8 one) on the same rows; where
+    the other run's records.jsonl lies beside its summary.csv, the difference paired by prompt with its
+    standard error, which says whether two runs on the same prompts differ by more than noise."""
     keys = ["dataset", "method", "budget"]
     table = df[keys + ["tau"]].rename(columns={"tau": f"tau ({label_here})"})
     for name, path in others.items():
         other = pd.read_csv(path)[keys + ["tau"]].rename(columns={"tau": f"tau ({name})"})
         other["budget"] = other["budget"].astype("Int64")
         table = table.merge(other, on=keys, how="left")
+        theirs = Path(path).with_name("records.jsonl")
+        if records is not None and theirs.exists():
+            diffs = paired_differences(records, read_records([str(theirs)]))
+            table[f"{label_here} - {name} (paired SE; prompts)"] = [
+                _paired_cell(diffs.get((d, m, None if pd.isna(b) else int(b))))
+                for d, m, b in zip(table["dataset"], table["method"], table["budget"])
+            ]
     return table
+
+
+def paired_differences(mine: list[dict], theirs: list[dict]) -> dict[tuple, tuple[float, float, int]]:
+    """Per dataset x method x budget: the mean over the prompts both runs answered of (my tau - their tau),
+    its standard error, and the number of prompts."""
+
+    def per_prompt(records: list[dict]) -> dict[tuple, float]:
+        return {
+            (r["dataset"], r["method"], r["budget"], r["id"]): sum(r["committed"]) / len(r["committed"])
+            for r in records
+            if r.get("committed") and "check" not in r
+        }
+
+    a, b = per_prompt(mine), per_prompt(theirs)
+    groups: dict[tuple, list[float]] = {}
+    for key in a.keys() & b.keys():
+        groups.setdefault(key[:3], []).append(a[key] - b[key])
+    out = {}
+    for group, d in groups.items():
+        mean = sum(d) / len(d)
+        var = sum((x - mean) ** 2 for x in d) / (len(d) - 1) if len(d) > 1 else math.nan
+        out[group] = (mean, math.sqrt(var / len(d)), len(d))
+    return out
+
+
+def _paired_cell(diff: tuple[float, float, int] | None) -> str:
+    if diff is None:
+        return ""
+    mean, se, n = diff
+    return f"{mean:+.3f} ({se:.3f}; {n})"
 
 
 def exactness_lines(records: list[dict]) -> str:
@@ -246,7 +287,7 @@ def write_report(
     text += "## Summary\n\n" + markdown(df)
     text += exactness_lines(everything)
     if compare:
-        text += f"\n## tau next to other runs\n\n{markdown(comparison(df, label_here, compare))}"
+        text += f"\n## tau next to other runs\n\n{markdown(comparison(df, label_here, compare, records))}"
     write_text(out / "summary.md", text)
     plot_tau_by_method(df, out / "tau_by_method.png")
     plot_tau_vs_budget(df, out / "tau_vs_budget.png")
