@@ -53,8 +53,8 @@ done = sorted(os.path.getmtime(p) for p in glob.glob(f"{sys.argv[1]}/rounds/e*/*
 plan = json.load(open(f"{sys.argv[1]}/plan.json"))
 total = int(plan["rounds"]) * int(plan["epochs"])
 pace = (done[-1] - done[0]) / (len(done) - 1) if len(done) > 1 else 0.0
-left = f", about {(total - len(done)) * pace / 60:.1f} min of rounds left" if pace else ""
-print(f"{len(done)} of {total} rounds, {pace:.1f} s a round{left}")
+left = f", about {(total - len(done)) * pace / 60:.1f} min of positions left" if pace else ""
+print(f"{len(done)} of {total} positions, {pace:.1f} s a position{left}")
 PY
 }
 
