@@ -34,9 +34,14 @@ def label(method: str, budget: int | None) -> str:
     return method if budget is None else f"{method}@{budget}"
 
 
+def prompt_tau(record: dict) -> float:
+    """A prompt's tau: tokens committed per verification round."""
+    return sum(record["committed"]) / len(record["committed"])
+
+
 def prompt_mean_tau(records: list[dict]) -> float:
     """Mean over prompts of each prompt's tau; a prompt that ended before its first round does not count."""
-    per_prompt = [sum(r["committed"]) / len(r["committed"]) for r in records if r["committed"]]
+    per_prompt = [prompt_tau(r) for r in records if r["committed"]]
     return sum(per_prompt) / len(per_prompt) if per_prompt else math.nan
 
 
@@ -192,7 +197,7 @@ def paired_differences(mine: list[dict], theirs: list[dict]) -> dict[tuple, tupl
 
     def per_prompt(records: list[dict]) -> dict[tuple, float]:
         return {
-            (r["dataset"], r["method"], r["budget"], r["id"]): sum(r["committed"]) / len(r["committed"])
+            (r["dataset"], r["method"], r["budget"], r["id"]): prompt_tau(r)
             for r in records
             if r.get("committed") and "check" not in r
         }

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from draftsmith.plan.data import DataSize
-from draftsmith.plan.rounds import answer_jobs
+from draftsmith.plan.rounds import answer_jobs, whole_epochs
 from draftsmith.plan.sizes import target_params
 
 RATES = Path(__file__).with_name("rates.yaml")
@@ -59,15 +59,15 @@ def study_sizes(config: dict) -> list[int]:
     return sorted(int(n) for n in config.get("study", {}).get("train_samples", []))
 
 
-def job_counts(config: dict, *, rounds: int, passes: float, base_shards: int, slots: int) -> dict:
+def job_counts(config: dict, *, rounds: int, base_shards: int, slots: int) -> dict:
     """Jobs of each stage: each pays its start-up (and the target's loading) once. A study's sizes each train
-    and bench as the main run does. With extract.reuse_last_round an epoch's last round and the next epoch's
-    first are one extraction and one training job."""
-    extracted = round(rounds * passes)  # the rounds' extractions: fewer than their positions with reuse
-    extract = base_shards if rounds == 1 else base_shards * (extracted + 1)  # + the held-out pieces
-    epochs = math.ceil(float(config["train"]["epochs"]))
+    and bench as the main run does. In rounds each training job trains one extracted round's states: a
+    position's, or with extract.reuse_last_round an epoch's turn (its last position and the next epoch's
+    first, on one extraction)."""
+    epochs = whole_epochs(config)
     turns = epochs - 1 if rounds > 1 and config["extract"]["reuse_last_round"] else 0
-    positions = rounds * epochs - turns
+    chain = rounds * epochs - turns  # a drafter's training jobs, and the rounds extracted
+    extract = base_shards if rounds == 1 else base_shards * (chain + 1)  # + the held-out pieces
     parts = config["bench"]["parts"]
     datasets = len(config["bench"]["datasets"]) or 1
     answering = base_shards * answer_jobs(config, rounds=rounds, base_shards=base_shards, slots=slots)
@@ -76,7 +76,7 @@ def job_counts(config: dict, *, rounds: int, passes: float, base_shards: int, sl
         "regeneration": answering if rounds > 1 else 0,  # in one round, the extraction jobs regenerate
         "extraction": extract,
         "validation": extract,
-        "training": drafters * (1 if rounds == 1 else positions + 1),  # + the held-out evaluation
+        "training": drafters * (1 if rounds == 1 else chain + 1),  # + the held-out evaluation
         "bench": drafters * datasets * (max(1, slots) if parts == "auto" else int(parts)),
     }
 
@@ -200,7 +200,7 @@ def timed_hours(
     w = _work(config, size, bench_prompts=bench_prompts)
     share = max(1, int(timed.get("gpus_per_copy", 1))) / max(1, int(r.get("copies", 1)))  # of a GPU, a job
     slots = gpus or int(config["extract"]["cpu_slots"])
-    jobs = job_counts(config, rounds=rounds, passes=passes, base_shards=base_shards, slots=slots)
+    jobs = job_counts(config, rounds=rounds, base_shards=base_shards, slots=slots)
     trainers = max(1, min(int(config["train"]["gpus"]), gpus))
     target_job = r["start_s"] + r["load_s"]
     src = f"timed on this node ({timed['device']}, {r['copies']} at once)"

@@ -5,7 +5,6 @@ plan`, and by the plan rule, which writes RESULTS/plan.json once the data is pre
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from draftsmith.core.units import human, parse_size
 from draftsmith.plan.data import DataSize, estimate, measured
 from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_file, timed_hours
 from draftsmith.plan.memory import memory_plan, memory_rows
-from draftsmith.plan.rounds import extraction_passes, rounds_needed
+from draftsmith.plan.rounds import extraction_passes, rounds_needed, whole_epochs
 from draftsmith.plan.sizes import drafter_params, target_params, token_bytes, training_bytes
 
 SHAPES = Path(__file__).resolve().parents[2] / "configs" / "shapes"  # real targets' text shapes
@@ -287,14 +286,15 @@ def make_plan(
 
 def planned_passes(config: dict, rounds: int) -> float:
     """Extraction passes over the training samples (a whole number where it is one, as plan.json keeps it)."""
-    epochs = math.ceil(float(config["train"]["epochs"]))
-    passes = extraction_passes(epochs, rounds, reuse_last=bool(config["extract"]["reuse_last_round"]))
+    passes = extraction_passes(
+        whole_epochs(config), rounds, reuse_last=bool(config["extract"]["reuse_last_round"])
+    )
     return int(passes) if passes.is_integer() else passes
 
 
 def reuse_note(config: dict, plan: dict) -> None:
     """In rounds over several epochs without extract.reuse_last_round: what it would save."""
-    epochs = math.ceil(float(config["train"]["epochs"]))
+    epochs = whole_epochs(config)
     if plan["rounds"] == 1 or epochs == 1 or config["extract"]["reuse_last_round"]:
         return
     fewer = extraction_passes(epochs, plan["rounds"], reuse_last=True)

@@ -114,6 +114,11 @@ def job_rows(count: int, job: int, jobs: int) -> np.ndarray:
     return np.arange(job, count, jobs)
 
 
+def whole_epochs(config: dict) -> int:
+    """train.epochs as the rounds count them (a run in rounds refuses a fraction)."""
+    return math.ceil(float(config["train"]["epochs"]))
+
+
 def round_order(rounds: int, epoch: int, seed: int) -> list[int]:
     """The order an epoch visits the rounds in: a fresh seeded permutation each epoch."""
     return [int(r) for r in np.random.default_rng([seed, epoch, 7919]).permutation(rounds)]

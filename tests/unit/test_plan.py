@@ -82,7 +82,7 @@ def test_fewer_shards_than_slots_are_answered_by_several_jobs_each():
     assert answer_jobs(config, rounds=4, base_shards=3, slots=8) == 3  # ceil: a slot may answer twice
     assert answer_jobs(config, rounds=4, base_shards=16, slots=8) == 1
     assert answer_jobs(config, rounds=1, base_shards=2, slots=8) == 1  # the extraction jobs answer
-    assert job_counts(config, rounds=4, passes=2, base_shards=2, slots=8)["regeneration"] == 8
+    assert job_counts(config, rounds=4, base_shards=2, slots=8)["regeneration"] == 8
     config["data"]["regenerate"]["jobs_per_shard"] = 3
     assert answer_jobs(config, rounds=4, base_shards=2, slots=8) == 3
     assert [job_rows(10, j, 3).tolist() for j in range(3)] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
@@ -110,13 +110,13 @@ def test_a_studys_sizes_are_planned_as_the_drafters_they_train_and_bench():
     assert _work(config, size, bench_prompts=10)["training_runs"] == 3
     config["train"]["epochs"] = 2
     config["extract"] = with_defaults("extract")
-    jobs = job_counts(config, rounds=4, passes=2, base_shards=2, slots=8)
+    jobs = job_counts(config, rounds=4, base_shards=2, slots=8)
     assert jobs["training"] == 3 * (4 * 2 + 1) and jobs["bench"] == 3 * 2, jobs
     # reusing the last round: epoch 1's first round is neither extracted nor trained in a job of its own
     config["extract"]["reuse_last_round"] = True
-    passes = extraction_passes(2, 4, reuse_last=True)
-    reused = job_counts(config, rounds=4, passes=passes, base_shards=2, slots=8)
+    reused = job_counts(config, rounds=4, base_shards=2, slots=8)
     assert reused["training"] == 3 * (4 * 2 - 1 + 1) and reused["extraction"] == 2 * (4 * 2 - 1 + 1), reused
+    assert 4 * extraction_passes(2, 4, reuse_last=True) == 4 * 2 - 1  # the rounds extracted, as the jobs say
 
 
 def test_each_epoch_visits_the_rounds_in_its_own_order():

@@ -1,5 +1,4 @@
 import json
-import math
 import os
 import shlex
 import sys
@@ -30,6 +29,7 @@ from draftsmith.plan.rounds import (
     extracted_epoch,
     extracted_rounds,
     round_orders,
+    whole_epochs,
 )
 from draftsmith.speculative.engine_run import engine_in_dag
 from draftsmith.target.files import is_hub_id
@@ -361,7 +361,7 @@ if problems := rounds_problems(config, PLAN["rounds"]):
 pin(config, PLAN)
 print(f"plan:\n{render(PLAN)}", file=sys.stderr)
 ROUNDS = PLAN["rounds"]
-EPOCHS = int(math.ceil(float(config["train"]["epochs"])))
+EPOCHS = whole_epochs(config)
 # jobs answering each shard ahead of the rounds, and the name their answers go by
 ANSWER_JOBS = answer_jobs(
     config,
@@ -401,6 +401,34 @@ def rows_json(kind, round_id=None):
     if kind == "round":  # the held-out samples do not depend on the rounds
         rows.update(rounds=ROUNDS, round=None if round_id is None else int(round_id))
     return shlex.quote(json.dumps(rows, sort_keys=True))
+
+
+# a round's training job's params, as train_round and train_turn (workflow/rules/rounds.smk) pass them
+ROUND_TRAIN_PARAMS = {
+    "target": target_path(),
+    "drafter": as_json("drafter"),
+    "train": as_json("train"),
+    "tcfg": target_json(drop=("dtype", "expect")),
+    "data": as_json("data", drop=("path",)),
+    "rows": rows_json("round"),
+    "order": shlex.quote(json.dumps(ROUND_ORDER)),
+    "previous": lambda wildcards, input: (
+        f"--previous {input.state}" if "state" in input.keys() else ""
+    ),
+}
+
+
+def round_train_shell(position, then=""):
+    """A round's training job's command: the position it trains (train_turn: its epoch's last, then the next
+    epoch's first, `then` naming where the second's record and metrics go)."""
+    return (
+        "python -m draftsmith.steps.train_round --dataset {input.dataset} --target {params.target}"
+        f" --epoch {{wildcards.epoch}} --position {position} --order {{params.order}} {{params.previous}}"
+        " --answers {input.answers} --rows-json {params.rows} --data-json {params.data}"
+        " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
+        " --mask-token {input.mask} --threads {threads} --state {output.state} --record {output.record}"
+        f" --metrics {{output.metrics}}{then} > {{log}} 2>&1"
+    )
 
 
 def answers_path(shard):
@@ -461,11 +489,17 @@ def in_turn(epoch, pos):
     """With extract.reuse_last_round an epoch's last position (but the run's last) and the next epoch's first
     train the same round's states in one job, the epoch's turn (train_turn): "first" or "then" for those two
     positions, None for a position trained in a job of its own."""
-    if not REUSE_LAST:
-        return None
-    if pos == ROUNDS - 1 and epoch < EPOCHS - 1:
-        return "first"
-    return "then" if pos == 0 and epoch > 0 else None
+
+    def reused(e, p):  # trains on the epoch before's extraction
+        return extracted_epoch(e, p, rounds=ROUNDS, reuse_last=REUSE_LAST) != e
+
+    if reused(epoch, pos):
+        return "then"
+    return (
+        "first"
+        if epoch < EPOCHS - 1 and pos == ROUNDS - 1 and reused(epoch + 1, 0)
+        else None
+    )
 
 
 def position_path(epoch, pos, name, n=None):
@@ -623,7 +657,9 @@ def round_trainings(own, turn, slots):
     ]
     turns = str(getattr(rules, turn).benchmark)
     return own_jobs + [
-        [turns.format(epoch=e, n="{n}"), slots] for e in range(EPOCHS - 1)
+        [turns.format(epoch=e, n="{n}"), slots]
+        for e in range(EPOCHS)
+        if in_turn(e, ROUNDS - 1) == "first"
     ]
 
 

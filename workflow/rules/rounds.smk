@@ -213,23 +213,9 @@ rule train_round:
     resources:
         gpu=train_gpus(),
     params:
-        target=target_path(),
-        drafter=as_json("drafter"),
-        train=as_json("train"),
-        tcfg=target_json(drop=("dtype", "expect")),
-        data=as_json("data", drop=("path",)),
-        rows=rows_json("round"),
-        order=shlex.quote(json.dumps(ROUND_ORDER)),
-        previous=lambda wildcards, input: (
-            f"--previous {input.state}" if "state" in input.keys() else ""
-        ),
+        **ROUND_TRAIN_PARAMS,
     shell:
-        "python -m draftsmith.steps.train_round --dataset {input.dataset} --target {params.target}"
-        " --epoch {wildcards.epoch} --position {wildcards.pos} --order {params.order} {params.previous}"
-        " --answers {input.answers} --rows-json {params.rows} --data-json {params.data}"
-        " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
-        " --mask-token {input.mask} --threads {threads} --state {output.state} --record {output.record}"
-        " --metrics {output.metrics} > {log} 2>&1"
+        round_train_shell("{wildcards.pos}")
 
 
 if REUSE_LAST:
@@ -257,25 +243,13 @@ if REUSE_LAST:
         resources:
             gpu=train_gpus(),
         params:
-            target=target_path(),
-            drafter=as_json("drafter"),
-            train=as_json("train"),
-            tcfg=target_json(drop=("dtype", "expect")),
-            data=as_json("data", drop=("path",)),
-            rows=rows_json("round"),
-            order=shlex.quote(json.dumps(ROUND_ORDER)),
+            **ROUND_TRAIN_PARAMS,
             last=ROUNDS - 1,
-            previous=lambda wildcards, input: (
-                f"--previous {input.state}" if "state" in input.keys() else ""
-            ),
         shell:
-            "python -m draftsmith.steps.train_round --dataset {input.dataset} --target {params.target}"
-            " --epoch {wildcards.epoch} --position {params.last} --order {params.order} {params.previous}"
-            " --answers {input.answers} --rows-json {params.rows} --data-json {params.data}"
-            " --drafter-json {params.drafter} --train-json {params.train} --target-json {params.tcfg}"
-            " --mask-token {input.mask} --threads {threads} --state {output.state} --record {output.record}"
-            " --metrics {output.metrics} --then-record {output.then_record}"
-            " --then-metrics {output.then_metrics} > {log} 2>&1"
+            round_train_shell(
+                "{params.last}",
+                " --then-record {output.then_record} --then-metrics {output.then_metrics}",
+            )
 
 
 # With rounds, `train` makes the same outputs from the last round's state, evaluated on the held-out samples.
