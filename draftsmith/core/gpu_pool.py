@@ -190,14 +190,20 @@ def acquire(
 ) -> Iterator[list[int]]:
     """Hold n devices for the duration of the block; sets CUDA_VISIBLE_DEVICES to them.
 
-    With no GPU (or n == 0) it yields [] and hides CUDA, so the job runs on the CPU.
+    With no GPU (or n == 0) it yields [] and hides CUDA, so the job runs on the CPU. Either way the variable is
+    as it was after the block: a process that runs several blocks (a test session) sees its GPUs again.
     """
     devices = visible_gpus() if devices is None else devices
     pool = Path(pool_dir) if pool_dir is not None else default_pool_dir()
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
     if n <= 0 or not devices:
         if set_env:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        yield []
+        try:
+            yield []
+        finally:
+            if set_env:
+                _restore_visible(old)
         return
     if n > len(devices):
         raise RuntimeError(f"a job needs {n} GPUs but only {len(devices)} are visible ({devices})")
@@ -214,7 +220,6 @@ def acquire(
             warned = True
         time.sleep(poll)
     ids, fds = got
-    old = os.environ.get("CUDA_VISIBLE_DEVICES")
     if set_env:
         # slots of one device name it once
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys(ids)))
@@ -228,10 +233,15 @@ def acquire(
             log.info("%s", line)
         _release(fds)
         if set_env:
-            if old is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = old
+            _restore_visible(old)
+
+
+def _restore_visible(old: str | None) -> None:
+    """CUDA_VISIBLE_DEVICES back to what it was before a block of `acquire` (unset if it was)."""
+    if old is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = old
 
 
 def copies_sharing_a_gpu(probe: dict) -> int:

@@ -65,9 +65,12 @@ def test_killed_job_frees_its_devices(tmp_path):
         assert got == [0, 1]
 
 
-def test_no_gpu_means_cpu_and_too_many_is_an_error(tmp_path):
+def test_no_gpu_means_cpu_and_too_many_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     with acquire(1, devices=[], pool_dir=tmp_path) as got:
         assert got == [] and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    # hidden for the block alone: on a GPU machine, the tests after this one ran with CUDA hidden (2026-12-05)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
     with pytest.raises(RuntimeError, match="needs 3 GPUs"), acquire(3, devices=[0, 1], pool_dir=tmp_path):
         pass
 
