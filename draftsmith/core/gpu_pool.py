@@ -190,8 +190,8 @@ def acquire(
 ) -> Iterator[list[int]]:
     """Hold n devices for the duration of the block; sets CUDA_VISIBLE_DEVICES to them.
 
-    With no GPU (or n == 0) it yields [] and hides CUDA, so the job runs on the CPU. Either way the variable is
-    as it was after the block: a process that runs several blocks (a test session) sees its GPUs again.
+    With no GPU (or n == 0) it yields [] and hides CUDA, so the job runs on the CPU. Either way the variable
+    is as it was after the block: a process that runs several blocks (a test session) sees its GPUs again.
     """
     devices = visible_gpus() if devices is None else devices
     pool = Path(pool_dir) if pool_dir is not None else default_pool_dir()
