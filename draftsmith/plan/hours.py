@@ -149,12 +149,14 @@ def table_hours(
     gpus: int,
     passes: float,
     bench_prompts: int | None,
+    devices: int | None = None,
 ) -> dict:
-    """GPU-hours from the class's rates scaled to this target and drafter by parameter count."""
+    """GPU-hours from the class's rates scaled to this target and drafter by parameter count. `devices`: the
+    node's GPUs, each once (slots of one GPU share it), which the wall hours divide by."""
     cls, ref = gpu_class(gpu_name), rate_table()["reference"]
     tscale = float(ref["target_params"]) / target_params(shape)
     dscale = float(ref["drafter_params"]) / max(1, params)
-    w, every = _work(config, size, bench_prompts=bench_prompts), max(1, gpus)
+    w, every = _work(config, size, bench_prompts=bench_prompts), max(1, devices or gpus)
     trainers = max(1, min(int(config["train"]["gpus"]), gpus))
 
     def rate(key: str, scale: float) -> tuple[float, str]:
@@ -192,10 +194,11 @@ def timed_hours(
     rounds: int,
     base_shards: int,
     bench_prompts: int | None,
+    devices: int | None = None,
 ) -> dict:
     """GPU-hours from this node's timed rates, each job's start-up and loading included (at a shared GPU's
-    share for a job that holds one slot of it)."""
-    r, every = timed["rates"], max(1, gpus)
+    share for a job that holds one slot of it). `gpus` counts slots (the jobs at once); `devices` the GPUs."""
+    r, every = timed["rates"], max(1, devices or gpus)
     answered = timed_answers(size, r.get("answer_tokens_mean"))
     w = _work(config, size, bench_prompts=bench_prompts)
     share = max(1, int(timed.get("gpus_per_copy", 1))) / max(1, int(r.get("copies", 1)))  # of a GPU, a job

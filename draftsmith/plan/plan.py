@@ -256,32 +256,50 @@ def make_plan(
     plan["epochs"], plan["in_flight"] = config["train"]["epochs"], int(config["extract"]["rounds_in_flight"])
     plan["extraction_passes"] = planned_passes(config, plan["rounds"])
     passes, timed = plan["extraction_passes"], node_rates(config)
+    devices = len(probed := probed_gpus(config)) or gpus  # slots of one GPU share its memory and disk
     if (failed := timed_file(config)) and "error" in failed:
         plan["notes"].append(
             f"the rates job could not time this node ({failed['error']}): GPU-hours from the table"
         )
     if timed:
         plan["stages"] = timed_hours(config, size, timed, gpus=gpus, passes=passes, rounds=plan["rounds"],
-                                     base_shards=base_shards, bench_prompts=bench_prompts)  # fmt: skip
+                                     base_shards=base_shards, bench_prompts=bench_prompts,
+                                     devices=devices)  # fmt: skip
     else:
         plan["stages"] = table_hours(config, size, shape, params, gpu_name=gpu_name, gpus=gpus, passes=passes,
-                                     bench_prompts=bench_prompts)  # fmt: skip
-    plan["gpus"], plan["gpu_class"] = gpus, gpu_class(gpu_name)["name"]
+                                     bench_prompts=bench_prompts, devices=devices)  # fmt: skip
+    plan["gpus"], plan["devices"], plan["gpu_class"] = gpus, devices, gpu_class(gpu_name)["name"]
     plan["memory"] = memory_plan(
         config,
         shape,
-        card_bytes=int(float(gpu_class(gpu_name)["memory_gb"]) * 1e9),
+        card_bytes=card_bytes(gpu_name, probed),
         params=target_params(shape),
         drafter_params=params,
         gpus=gpus,
     )
     plan["notes"] += plan["memory"]["notes"]
     reuse_note(config, plan)
-    plan["disk_rate_needed_gbs"] = (
-        gpus * per_token[storage] * plan["stages"]["extract per epoch"]["rate"] / 1e9
+    plan["disk_rate_needed_gbs"] = (  # the rate is a GPU's, its slots' together
+        devices * per_token[storage] * plan["stages"]["extract per epoch"]["rate"] / 1e9
     )
     disk_note(config, plan)
     return plan
+
+
+def probed_gpus(config: dict) -> list[dict]:
+    """The GPUs the probe found on this node, each once with its slots and memory; [] before the probe."""
+    try:
+        return list(json.loads((Path(config["results"]) / "probe.json").read_text()).get("gpus") or [])
+    except (OSError, ValueError):
+        return []
+
+
+def card_bytes(gpu_name: str | None, probed: list[dict]) -> int:
+    """A GPU's memory: the smallest card the probe found, else the rate table's figure for the class (the
+    H200's for a class the table lacks, so only before the probe)."""
+    if probed:
+        return int(min(float(g["total_gib"]) for g in probed) * 2**30)
+    return int(float(gpu_class(gpu_name)["memory_gb"]) * 1e9)
 
 
 def planned_passes(config: dict, rounds: int) -> float:
@@ -333,7 +351,7 @@ def disk_note(config: dict, plan: dict) -> None:
     need = plan["disk_rate_needed_gbs"]
     if 0 < rate < need:
         plan["notes"].append(
-            f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['gpus']} GPU(s) "
+            f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['devices']} GPU(s) "
             "extracting "
             f"produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
             f"{1 - rate / need:.0%} of the time). Put `results` on a faster disk, or use extract.storage: fp8"
@@ -400,7 +418,7 @@ def render(plan: dict) -> str:
         (
             "disk write rate to keep up",
             f"{plan['disk_rate_needed_gbs']:.2f} GB/s",
-            f"{plan['gpus']} GPU(s) extracting at once ({plan['gpu_class']})",
+            f"{plan.get('devices', plan['gpus'])} GPU(s) extracting at once ({plan['gpu_class']})",
         )
     )
     rows += memory_rows(plan["memory"]) if "memory" in plan else []

@@ -323,6 +323,37 @@ def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
     assert stages["train, all epochs"]["fixed_hours"] == pytest.approx(8 * (5 + 10 + 60) / 3600)  # 8 ranks
 
 
+def test_slots_of_one_gpu_share_its_memory_and_its_disk_writes(tmp_path):
+    """Eight jobs on one H100 (DRAFTSMITH_GPUS=0 x 8, as the study runs): the card is the probe's 80 GB, not
+    the H200's 141 of the table's fallback class, and the disk takes one GPU's states, not eight (on the
+    H100 study of 2026-12-05 the plan said 141 GB and warned that the GPUs would idle 90% on the disk)."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "word " * 50}) + "\n" for i in range(1000)))
+    res = tmp_path / "res"
+    res.mkdir()
+    over = tmp_path / "over.yaml"
+    over.write_text(
+        f"results: {res}\ndata: {{path: {data}}}\nbench: {{datasets: [{{name: b, path: {data}}}]}}\n"
+    )
+    cmd = [sys.executable, "-m", "draftsmith", "plan", "--configfile", "configs/qwen3.6-27b.yaml", str(over)]
+    cmd += ["--gpus", "8", "--gpu", "NVIDIA H100 80GB HBM3", "--free", "8TB", "--json"]
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_gib": 79.6, "free_gib": 79.1, "slots": 8}
+    (res / "probe.json").write_text(json.dumps({"gpus": [gpu], "disk_write_gbs": 2.0}))
+    rates = {"start_s": 5.0, "load_s": 55.0, "extract_tokens_s": 10000.0, "extract_first_batch_s": 20.0,
+             "regenerate_new_tokens_s": 2000.0, "answer_tokens_mean": 1024.0, "bench_tokens_s": 30.0,
+             "copies": 8, "train_s_per_sample": 0.01, "train_s_per_step": 1.0, "train_setup_s": 10.0,
+             "train_first_step_s": 60.0}  # fmt: skip
+    (res / "rates.json").write_text(json.dumps({"device": gpu["name"], "gpus_per_copy": 1, "rates": rates}))
+    plan = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    assert plan["gpus"] == 8 and plan["devices"] == 1
+    assert plan["memory"]["limit_bytes"] == int(79.6 * 2**30) and plan["memory"]["limit_source"] == "the card"
+    per_token = plan["bytes_per_token"][plan["storage"]]
+    assert plan["disk_rate_needed_gbs"] == pytest.approx(per_token * 10000.0 / 1e9)
+    # the wall hours: one GPU's (training's ranks are the slots that train.gpus takes)
+    assert all(s["gpus"] == 1 for k, s in plan["stages"].items() if not k.startswith("train")), plan["stages"]
+    assert not any("disk" in n for n in plan["notes"]), plan["notes"]  # 2 GB/s keeps up with one GPU's 0.5
+
+
 def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path):
     """Issue 37's second session holds only the answer cache at parse time; the plan reads it, and counts an
     answer file and its cache entry once."""
