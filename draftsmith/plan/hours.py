@@ -184,6 +184,16 @@ def table_hours(
     return out
 
 
+def bench_answer_share(rates: dict, *, cap: int) -> float:
+    """A bench answer's expected length over bench.max_new_tokens: the rates job's answers to the run's own
+    prompts, each cut at the bench's cap (an answer cut at regeneration's cap counts as that long). Rates
+    files older than the lengths give their mean, at most the cap."""
+    lengths = rates.get("answer_lengths")
+    if lengths:
+        return sum(min(int(n), cap) for n in lengths) / len(lengths) / max(1, cap)
+    return min(1.0, float(rates.get("answer_tokens_mean", cap)) / max(1, cap))
+
+
 def timed_hours(
     config: dict,
     size: DataSize,
@@ -251,11 +261,8 @@ def timed_hours(
         jobs["training"] * train_job * share * trainers,
     )
     bench = r["bench_tokens_s"]
-    # a bench answer ends at its stop token: at most as long as the answers timed, on the run's own prompts
-    cap = int(config["bench"]["max_new_tokens"])
-    ends = min(1.0, float(r.get("answer_tokens_mean", cap)) / max(1, cap))
     out["bench"] = _row(
-        w["bench_tokens"] * ends / bench,
+        w["bench_tokens"] * bench_answer_share(r, cap=int(config["bench"]["max_new_tokens"])) / bench,
         bench,
         "tokens/s",
         f"{w['bench_prompts']} prompts{_study_note(w)}, {jobs['bench']} jobs; {src}",

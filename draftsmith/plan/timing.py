@@ -80,7 +80,7 @@ def time_regeneration(
     take = samples.head(slots + slots // 4)
     warm = take.head(max(1, slots // 8))
     regenerate(model, tokenizer, warm, max_new_tokens=8, max_length=max_length, slots=slots, **kw)  # untimed
-    _, stats = regenerate(
+    answered, stats = regenerate(
         model,
         tokenizer,
         take,
@@ -89,9 +89,12 @@ def time_regeneration(
         slots=slots,
         **kw,
     )
+    # each answer's length (as data.max_length keeps it): the plan cuts them at the bench's cap
+    lengths = answered["num_tokens"].to_numpy() - take["prompt_len"].to_numpy()
     return {
         "regenerate_new_tokens_s": stats.new_tokens_per_s,
         "answer_tokens_mean": stats.new_tokens / max(1, stats.prompts),
+        "answer_lengths": sorted(int(n) for n in lengths.clip(min=0)),
         "regenerate_slots": slots,
     }
 

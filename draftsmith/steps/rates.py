@@ -183,9 +183,13 @@ def _copies(args: argparse.Namespace, devices: list[int], per_copy: int) -> list
 
 def combine(copies: list[dict], *, gpus: int) -> dict:
     """Rates per GPU: the copies' throughputs added (they ran at once) over the GPUs they held; what a job
-    pays before its first token, and the answers' length, as the copies' mean."""
+    pays before its first token, and the answers' length, as the copies' mean; the answers' lengths one by one
+    as the first copy's (every copy answers the same prompts)."""
     rates = {}
     for key in copies[0]:
+        if isinstance(copies[0][key], list):
+            rates[key] = copies[0][key]
+            continue
         values = [float(c[key]) for c in copies]
         rates[key] = sum(values) / (max(1, gpus) if "tokens_s" in key else len(values))
     rates["copies"] = len(copies)

@@ -46,5 +46,7 @@ def test_two_slots_of_one_gpu_are_timed_together(tmp_path, tokenizer):
     for key in ("regenerate_new_tokens_s", "answer_tokens_mean", "bench_tokens_s", "load_s", "train_start_s"):
         assert timed["rates"][key] > 0, key
     assert 0 < timed["rates"]["train_end_s"] < 60  # the timing process's exit, after its result
+    lengths = timed["rates"]["answer_lengths"]  # one a prompt answered, as long as the mean says
+    assert len(lengths) == 20 and sum(lengths) / 20 == pytest.approx(timed["rates"]["answer_tokens_mean"])
     assert timed["rates"]["load_s"] == pytest.approx(sum(c["load_s"] for c in timed["per_copy"]) / 2)
     assert timed["device"] != "cpu"
