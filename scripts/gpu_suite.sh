@@ -171,9 +171,10 @@ for phase in "$@"; do
         for part in ${ANSWER_PARTS:-$(ls /tmp/study 2>/dev/null | sed -n 's/^answers\.tgz\.//p')}; do
             cp /tmp/study/answers.tgz.$part "$OUT/"
         done
+        # the bench's per-prompt records come too (a comparison's standard errors are paired by prompt); the
+        # prompt files are under inputs
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
-            --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' \
-            --exclude='*.jsonl' $R 2>/dev/null
+            --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' $R 2>/dev/null
         cp $R/rates.json $R/plan.json $R/plan/measured.md "$OUT/" 2>/dev/null
         tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
         cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
