@@ -288,9 +288,15 @@ def test_writers_started_together_never_die_mid_write(small_disk):
     assert sorted(p.name for p in small_disk.iterdir()) == sorted(f"s{k}.safetensors" for k in writers)
 
 
-def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
-    """With RESULTS/rates.json from the rates job the GPU-hours come from it, a cost a job included; a rates
-    job that could not time the node leaves the table's rates and a note naming why."""
+# a rates job's figures, as RESULTS/rates.json holds them (round numbers the tests can price by hand)
+_RATES = {"start_s": 5.0, "load_s": 55.0, "extract_tokens_s": 10000.0, "extract_first_batch_s": 20.0,
+          "regenerate_new_tokens_s": 2000.0, "answer_tokens_mean": 1024.0, "bench_tokens_s": 30.0,
+          "train_s_per_sample": 0.01, "train_s_per_step": 1.0, "train_setup_s": 10.0,
+          "train_first_step_s": 60.0}  # fmt: skip
+
+
+def _plan_27b_on_8(tmp_path: Path, gpu: str) -> tuple[Path, list[str]]:
+    """The results folder and the `plan` command of the 27B preset on 1,000 prompts, 8 GPUs named `gpu`."""
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "word " * 50}) + "\n" for i in range(1000)))
     res = tmp_path / "res"
@@ -300,15 +306,18 @@ def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
         f"results: {res}\ndata: {{path: {data}}}\nbench: {{datasets: [{{name: b, path: {data}}}]}}\n"
     )
     cmd = [sys.executable, "-m", "draftsmith", "plan", "--configfile", "configs/qwen3.6-27b.yaml", str(over)]
-    cmd += ["--gpus", "8", "--gpu", "NVIDIA H200", "--free", "8TB", "--json"]
+    return res, cmd + ["--gpus", "8", "--gpu", gpu, "--free", "8TB", "--json"]
+
+
+def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
+    """With RESULTS/rates.json from the rates job the GPU-hours come from it, a cost a job included; a rates
+    job that could not time the node leaves the table's rates and a note naming why."""
+    res, cmd = _plan_27b_on_8(tmp_path, "NVIDIA H200")
     (res / "rates.json").write_text(json.dumps({"device": "NVIDIA H200", "error": "OutOfMemoryError: 2 GiB"}))
     plan = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
     assert any("could not time this node (OutOfMemoryError" in n for n in plan["notes"]), plan["notes"]
     assert "H200: measured" in plan["stages"]["regeneration"]["source"]
-    rates = {"start_s": 5.0, "load_s": 55.0, "extract_tokens_s": 10000.0, "extract_first_batch_s": 20.0,
-             "regenerate_new_tokens_s": 2000.0, "answer_tokens_mean": 1024.0, "bench_tokens_s": 30.0,
-             "copies": 1, "train_s_per_sample": 0.01, "train_s_per_step": 1.0, "train_setup_s": 10.0,
-             "train_first_step_s": 60.0}  # fmt: skip
+    rates = _RATES | {"copies": 1}
     (res / "rates.json").write_text(json.dumps({"device": "NVIDIA H200", "gpus_per_copy": 1, "rates": rates}))
     plan = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
     stages = plan["stages"]
@@ -327,22 +336,10 @@ def test_slots_of_one_gpu_share_its_memory_and_its_disk_writes(tmp_path):
     """Eight jobs on one H100 (DRAFTSMITH_GPUS=0 x 8, as the study runs): the card is the probe's 80 GB, not
     the H200's 141 of the table's fallback class, and the disk takes one GPU's states, not eight (on the
     H100 study of 2026-12-05 the plan said 141 GB and warned that the GPUs would idle 90% on the disk)."""
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "word " * 50}) + "\n" for i in range(1000)))
-    res = tmp_path / "res"
-    res.mkdir()
-    over = tmp_path / "over.yaml"
-    over.write_text(
-        f"results: {res}\ndata: {{path: {data}}}\nbench: {{datasets: [{{name: b, path: {data}}}]}}\n"
-    )
-    cmd = [sys.executable, "-m", "draftsmith", "plan", "--configfile", "configs/qwen3.6-27b.yaml", str(over)]
-    cmd += ["--gpus", "8", "--gpu", "NVIDIA H100 80GB HBM3", "--free", "8TB", "--json"]
+    res, cmd = _plan_27b_on_8(tmp_path, "NVIDIA H100 80GB HBM3")
     gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_gib": 79.6, "free_gib": 79.1, "slots": 8}
     (res / "probe.json").write_text(json.dumps({"gpus": [gpu], "disk_write_gbs": 2.0}))
-    rates = {"start_s": 5.0, "load_s": 55.0, "extract_tokens_s": 10000.0, "extract_first_batch_s": 20.0,
-             "regenerate_new_tokens_s": 2000.0, "answer_tokens_mean": 1024.0, "bench_tokens_s": 30.0,
-             "copies": 8, "train_s_per_sample": 0.01, "train_s_per_step": 1.0, "train_setup_s": 10.0,
-             "train_first_step_s": 60.0}  # fmt: skip
+    rates = _RATES | {"copies": 8}
     (res / "rates.json").write_text(json.dumps({"device": gpu["name"], "gpus_per_copy": 1, "rates": rates}))
     plan = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
     assert plan["gpus"] == 8 and plan["devices"] == 1
