@@ -59,7 +59,7 @@ demo-real: setup
 	@echo "done: see results/real/ (report: results/real/report.html)"
 
 test: setup
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -rs tests
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -rs --durations=15 tests
 
 test-unit: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -rs tests/unit

@@ -176,7 +176,8 @@ for phase in "$@"; do
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' $R 2>/dev/null
         cp $R/rates.json $R/plan.json $R/plan/measured.md "$OUT/" 2>/dev/null
-        tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
+        # the sweep's logs where one ran (a call brings back 8 files at most)
+        [ -d /tmp/sweep ] && tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
         cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
         cat /tmp/study/sweep.log 2>/dev/null | tail -12; cat /tmp/study/recipe.yaml 2>/dev/null
         cat $R/study/summary.md 2>/dev/null | head -60
