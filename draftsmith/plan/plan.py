@@ -256,7 +256,8 @@ def make_plan(
     plan["epochs"], plan["in_flight"] = config["train"]["epochs"], int(config["extract"]["rounds_in_flight"])
     plan["extraction_passes"] = planned_passes(config, plan["rounds"])
     passes, timed = plan["extraction_passes"], node_rates(config)
-    devices = len(probed := probed_gpus(config)) or gpus  # slots of one GPU share its memory and disk
+    probe = read_probe(config)
+    devices = len(probe.get("gpus") or []) or gpus  # slots of one GPU share its memory and disk
     if (failed := timed_file(config)) and "error" in failed:
         plan["notes"].append(
             f"the rates job could not time this node ({failed['error']}): GPU-hours from the table"
@@ -272,33 +273,31 @@ def make_plan(
     plan["memory"] = memory_plan(
         config,
         shape,
-        card_bytes=card_bytes(gpu_name, probed),
+        card_bytes=card_bytes(gpu_name, probe),
         params=target_params(shape),
         drafter_params=params,
         gpus=gpus,
     )
     plan["notes"] += plan["memory"]["notes"]
     reuse_note(config, plan)
-    plan["disk_rate_needed_gbs"] = (  # the rate is a GPU's, its slots' together
-        devices * per_token[storage] * plan["stages"]["extract per epoch"]["rate"] / 1e9
-    )
-    disk_note(config, plan)
+    disk_note(plan, probe, per_token=per_token[storage])
     return plan
 
 
-def probed_gpus(config: dict) -> list[dict]:
-    """The GPUs the probe found on this node, each once with its slots and memory; [] before the probe."""
+def read_probe(config: dict) -> dict:
+    """RESULTS/probe.json: this node's GPUs, each once with its slots and memory, and the results disk's
+    write rate; {} before the probe."""
     try:
-        return list(json.loads((Path(config["results"]) / "probe.json").read_text()).get("gpus") or [])
+        return json.loads((Path(config["results"]) / "probe.json").read_text())
     except (OSError, ValueError):
-        return []
+        return {}
 
 
-def card_bytes(gpu_name: str | None, probed: list[dict]) -> int:
+def card_bytes(gpu_name: str | None, probe: dict) -> int:
     """A GPU's memory: the smallest card the probe found, else the rate table's figure for the class (the
     H200's for a class the table lacks, so only before the probe)."""
-    if probed:
-        return int(min(float(g["total_gib"]) for g in probed) * 2**30)
+    if probe.get("gpus"):
+        return int(min(float(g["total_gib"]) for g in probe["gpus"]) * 2**30)
     return int(float(gpu_class(gpu_name)["memory_gb"]) * 1e9)
 
 
@@ -340,15 +339,15 @@ def _unplanned(plan: dict, *, shape_known: bool) -> dict:
     return plan
 
 
-def disk_note(config: dict, plan: dict) -> None:
-    """A warning when the probe found the results disk slower than the extraction jobs write together."""
-    probe = Path(config["results"]) / "probe.json"
-    try:
-        rate = float(json.loads(probe.read_text()).get("disk_write_gbs") or 0)
-    except (OSError, ValueError):
+def disk_note(plan: dict, probe: dict, *, per_token: float) -> None:
+    """The write rate the extraction jobs need together (a GPU's rate, its slots' together, on each GPU), and
+    a warning when the probe found the results disk slower."""
+    need = plan["devices"] * per_token * plan["stages"]["extract per epoch"]["rate"] / 1e9
+    plan["disk_rate_needed_gbs"] = need
+    if not probe:
         return
+    rate = float(probe.get("disk_write_gbs") or 0)
     plan["disk_write_gbs"] = rate
-    need = plan["disk_rate_needed_gbs"]
     if 0 < rate < need:
         plan["notes"].append(
             f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['devices']} GPU(s) "

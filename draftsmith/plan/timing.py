@@ -90,7 +90,7 @@ def time_regeneration(
         **kw,
     )
     # each answer's length (as data.max_length keeps it): the plan cuts them at the bench's cap
-    lengths = answered["num_tokens"].to_numpy() - take["prompt_len"].to_numpy()
+    lengths = (answered["num_tokens"] - answered["prompt_len"]).to_numpy()
     return {
         "regenerate_new_tokens_s": stats.new_tokens_per_s,
         "answer_tokens_mean": stats.new_tokens / max(1, stats.prompts),

@@ -399,13 +399,8 @@ def test_copies_timed_at_once_add_their_throughputs_and_average_their_start_up()
     assert (rates["start_s"], rates["load_s"], rates["answer_tokens_mean"]) == (4.0, 9.0, 160.0)
     assert combine(copies, gpus=2)["extract_tokens_s"] == 200.0 and rates["copies"] == 2
     lengths = [[10, 300, 50], [10, 300, 50]]  # the copies answered the same prompts
-    assert combine([c | {"answer_lengths": n} for c, n in zip(copies, lengths)], gpus=1)[
-        "answer_lengths"
-    ] == [
-        10,
-        300,
-        50,
-    ]
+    combined = combine([c | {"answer_lengths": n} for c, n in zip(copies, lengths)], gpus=1)
+    assert combined["answer_lengths"] == [10, 300, 50]
 
 
 def test_the_bench_is_planned_at_the_answers_each_cut_at_its_own_cap():
@@ -414,11 +409,8 @@ def test_the_bench_is_planned_at_the_answers_each_cut_at_its_own_cap():
     the long ones stop at 192."""
     from draftsmith.plan.hours import bench_answer_share
 
-    lengths = [100, 150, 256, 256]
-    assert bench_answer_share({"answer_lengths": lengths}, cap=192) == pytest.approx(
-        (100 + 150 + 192 * 2) / 4 / 192
-    )
-    assert bench_answer_share({"answer_tokens_mean": 190.5}, cap=192) == pytest.approx(
-        190.5 / 192
-    )  # older files
+    share = bench_answer_share({"answer_lengths": [100, 150, 256, 256]}, cap=192)
+    assert share == pytest.approx((100 + 150 + 192 * 2) / 4 / 192)
+    older = bench_answer_share({"answer_tokens_mean": 190.5}, cap=192)  # a rates file without the lengths
+    assert older == pytest.approx(190.5 / 192)
     assert bench_answer_share({"answer_tokens_mean": 400.0}, cap=192) == 1.0
