@@ -10,7 +10,7 @@ import sys
 
 from draftsmith.config import section_arg
 from draftsmith.core.distributed import launch
-from draftsmith.core.runtime import set_threads, setup_logging
+from draftsmith.core.runtime import exit_now, set_threads, setup_logging
 from draftsmith.drafter.rounds import round_lengths, train_round
 from draftsmith.steps.train import settled_drafter
 from draftsmith.target.files import resolve_target
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     drafter = settled_drafter(target, a.drafter_json, a.target_json, mask_file=a.mask_token)
     tcfg = section_arg(a.train_json, "train")
     lengths = round_lengths(a.answers, section_arg(a.data_json, "data"), json.loads(a.rows_json))
-    sys.exit(
+    exit_now(
         launch(
             __spec__.name if __spec__ else "draftsmith.steps.train_round",
             sys.argv[1:] if argv is None else argv,

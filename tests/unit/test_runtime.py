@@ -80,3 +80,16 @@ def test_a_memory_format_pickled_by_a_job_loads_in_a_step_that_never_imported_to
     old = b"\x80\x04\x8c\x08__main__\x94\x8c" + bytes([len(name)]) + name + b"\x94\x93\x94."
     failed = subprocess.run([sys.executable, str(bare)], input=old, capture_output=True, cwd=tmp_path)
     assert failed.returncode != 0 and b"torch.contiguous_format" in failed.stderr, failed.stderr[-2000:]
+
+
+def test_a_job_that_exits_at_once_keeps_its_exit_code_and_its_last_log_lines():
+    """exit_now skips Python's teardown: what the job logged and printed last must still reach its log, and a
+    failure must still fail."""
+    code = (
+        "import logging, sys; from draftsmith.core.runtime import exit_now, setup_logging; setup_logging();"
+        "logging.getLogger('job').info('state written'); print('summary', end=''); sys.stderr.write('tail');"
+        "exit_now(3)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 3
+    assert "job: state written" in run.stderr and run.stderr.endswith("tail") and run.stdout == "summary"
