@@ -269,7 +269,8 @@ def make_plan(
     else:
         plan["stages"] = table_hours(config, size, shape, params, gpu_name=gpu_name, gpus=gpus, passes=passes,
                                      bench_prompts=bench_prompts, devices=devices)  # fmt: skip
-    plan["gpus"], plan["devices"], plan["gpu_class"] = gpus, devices, gpu_class(gpu_name)["name"]
+    named = gpu_name if timed and gpu_name else gpu_class(gpu_name)["name"]  # timed: its rates, no class's
+    plan["gpus"], plan["devices"], plan["gpu_class"] = gpus, devices, named
     plan["memory"] = memory_plan(
         config,
         shape,
@@ -280,7 +281,7 @@ def make_plan(
     )
     plan["notes"] += plan["memory"]["notes"]
     reuse_note(config, plan)
-    disk_note(plan, probe, per_token=per_token[storage])
+    disk_note(plan, probe, per_token=per_token[storage], storage=storage)
     return plan
 
 
@@ -339,7 +340,7 @@ def _unplanned(plan: dict, *, shape_known: bool) -> dict:
     return plan
 
 
-def disk_note(plan: dict, probe: dict, *, per_token: float) -> None:
+def disk_note(plan: dict, probe: dict, *, per_token: float, storage: str) -> None:
     """The write rate the extraction jobs need together (a GPU's rate, its slots' together, on each GPU), and
     a warning when the probe found the results disk slower."""
     need = plan["devices"] * per_token * plan["stages"]["extract per epoch"]["rate"] / 1e9
@@ -353,7 +354,8 @@ def disk_note(plan: dict, probe: dict, *, per_token: float) -> None:
             f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['devices']} GPU(s) "
             "extracting "
             f"produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
-            f"{1 - rate / need:.0%} of the time). Put `results` on a faster disk, or use extract.storage: fp8"
+            f"{1 - rate / need:.0%} of the time). Put `results` on a faster disk"
+            + (", or use extract.storage: fp8" if storage != "fp8" else "")
         )
 
 

@@ -349,6 +349,20 @@ def test_slots_of_one_gpu_share_its_memory_and_its_disk_writes(tmp_path):
     # the wall hours: one GPU's (training's ranks are the slots that train.gpus takes)
     assert all(s["gpus"] == 1 for k, s in plan["stages"].items() if not k.startswith("train")), plan["stages"]
     assert not any("disk" in n for n in plan["notes"]), plan["notes"]  # 2 GB/s keeps up with one GPU's 0.5
+    assert plan["gpu_class"] == gpu["name"]  # its own rates, not "(rates of the H200)" as on 2026-12-05
+
+
+def test_a_slow_disk_is_named_and_fp8_offered_only_where_the_states_are_not_fp8_already(tmp_path):
+    res, cmd = _plan_27b_on_8(tmp_path, "NVIDIA H200")
+    gpu = {"index": 0, "name": "NVIDIA H200", "total_gib": 139.8, "free_gib": 139.0, "slots": 1}
+    (res / "probe.json").write_text(json.dumps({"gpus": [gpu] * 8, "disk_write_gbs": 0.1}))
+    for storage, offered in (("bf16", True), ("fp8", False)):
+        (tmp_path / "storage.yaml").write_text(f"extract: {{storage: {storage}}}\n")
+        at = cmd.index("--gpus")  # the overlay after the config files
+        argv = cmd[:at] + [str(tmp_path / "storage.yaml")] + cmd[at:]
+        run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
+        notes = [n for n in json.loads(run.stdout)["notes"] if "the results disk took 0.10 GB/s" in n]
+        assert len(notes) == 1 and ("extract.storage: fp8" in notes[0]) == offered, (storage, notes)
 
 
 def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path):
