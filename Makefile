@@ -7,9 +7,10 @@ TORCH_SPEC ?= torch==2.13.0
 DFLASH_SPEC ?= dflash==0.1.0
 CORES ?= all
 # pytest's workers (pytest-xdist): one a core, at most 8 (each imports torch); each takes whole test files
-# (--dist loadfile), so a file's module fixtures (a workflow run its tests then read) are built once
+# (--dist loadfile), so a file's module fixtures (a workflow run its tests then read) are built once. Files go
+# out in the order given, the workflow's minutes-long ones first, so that the short unit files fill the end
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
-TEST_FLAGS = -q -rs -n $(TEST_WORKERS) --dist loadfile
+TEST_FLAGS = -q -rs -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup slurm-deps demo demo-fp8 demo-sliding demo-real test test-unit lint clean
 
@@ -63,7 +64,7 @@ demo-real: setup
 	@echo "done: see results/real/ (report: results/real/report.html)"
 
 test: setup
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest $(TEST_FLAGS) --durations=15 tests
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest $(TEST_FLAGS) --durations=15 tests/workflow tests/unit
 
 test-unit: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest $(TEST_FLAGS) tests/unit
