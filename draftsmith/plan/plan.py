@@ -350,11 +350,14 @@ def disk_note(plan: dict, probe: dict, *, per_token: float, storage: str) -> Non
     rate = float(probe.get("disk_write_gbs") or 0)
     plan["disk_write_gbs"] = rate
     if 0 < rate < need:
+        idle = 1 - rate / need  # of the time the jobs stream; their start-up does not wait on the disk
+        stage = plan["stages"].get("extract, all passes", {})
+        streams = 1 - stage.get("fixed_hours", 0) / stage["gpu_hours"] if stage.get("gpu_hours") else 1.0
         plan["notes"].append(
             f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['devices']} GPU(s) "
-            "extracting "
-            f"produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
-            f"{1 - rate / need:.0%} of the time). Put `results` on a faster disk"
+            f"extracting produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
+            f"{idle:.0%} of the time they stream states, {streams:.0%} of extraction's planned GPU-hours, so "
+            f"about {idle * streams:.0%} of them). Put `results` on a faster disk"
             + (", or use extract.storage: fp8" if storage != "fp8" else "")
         )
 

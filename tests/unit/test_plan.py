@@ -356,13 +356,20 @@ def test_a_slow_disk_is_named_and_fp8_offered_only_where_the_states_are_not_fp8_
     res, cmd = _plan_27b_on_8(tmp_path, "NVIDIA H200")
     gpu = {"index": 0, "name": "NVIDIA H200", "total_gib": 139.8, "free_gib": 139.0, "slots": 1}
     (res / "probe.json").write_text(json.dumps({"gpus": [gpu] * 8, "disk_write_gbs": 0.1}))
+    rates = _RATES | {"copies": 1}  # with a job's start-up, part of extraction never waits on the disk
+    (res / "rates.json").write_text(json.dumps({"device": gpu["name"], "gpus_per_copy": 1, "rates": rates}))
     for storage, offered in (("bf16", True), ("fp8", False)):
         (tmp_path / "storage.yaml").write_text(f"extract: {{storage: {storage}}}\n")
         at = cmd.index("--gpus")  # the overlay after the config files
         argv = cmd[:at] + [str(tmp_path / "storage.yaml")] + cmd[at:]
         run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
-        notes = [n for n in json.loads(run.stdout)["notes"] if "the results disk took 0.10 GB/s" in n]
+        plan = json.loads(run.stdout)
+        notes = [n for n in plan["notes"] if "the results disk took 0.10 GB/s" in n]
         assert len(notes) == 1 and ("extract.storage: fp8" in notes[0]) == offered, (storage, notes)
+        # the idle share counts only the time the jobs stream states, not their start-up
+        stage, idle = plan["stages"]["extract, all passes"], 1 - 0.1 / plan["disk_rate_needed_gbs"]
+        streams = 1 - stage["fixed_hours"] / stage["gpu_hours"]
+        assert 0 < streams < 1 and f"so about {idle * streams:.0%} of them" in notes[0], notes[0]
 
 
 def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path):
