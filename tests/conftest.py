@@ -159,13 +159,19 @@ def attention_target(tmp_path_factory, tokenizer):
     return build_target(tmp_path_factory.mktemp("attention"), tokenizer, "attention")
 
 
+# Every run of a test writes its own results folder, but all share the repository's .snakemake/locks: with
+# pytest's workers running side by side, one run removed that folder as another wrote its lock in it (CI,
+# 2026-12-05). Snakemake's lock guards against two runs writing the same outputs, which no two tests do.
+NOLOCK = "--nolock"
+
+
 def snakemake(
     *args, check: bool = True, env: dict | None = None, cores: int = 2
 ) -> subprocess.CompletedProcess:
     """The Snakemake CLI in the repository (its workflow profile included), as a user runs it."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {}))
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", str(cores), *args],
+        [sys.executable, "-m", "snakemake", "--cores", str(cores), NOLOCK, *args],
         cwd=REPO,
         env=env,
         capture_output=True,

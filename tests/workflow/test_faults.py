@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, digest, job_counts, make_workflow, snakemake
+from conftest import NOLOCK, REPO, digest, job_counts, make_workflow, snakemake
 
 SHARDS = [f"shard{i:03d}" for i in range(4)]
 
@@ -73,7 +73,7 @@ def ref(setup) -> dict:
         DRAFTSMITH_PAUSE_FILE=str(flag),
     )
     first = subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "--cores", "2", "dataset", "--configfile", str(config)],
+        [sys.executable, "-m", "snakemake", "--cores", "2", NOLOCK, "dataset", "--configfile", str(config)],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, digest, job_counts, make_workflow, snakemake
+from conftest import NOLOCK, REPO, digest, job_counts, make_workflow, snakemake
 
 from draftsmith.plan.rounds import round_order, round_orders
 
@@ -116,7 +116,7 @@ def rounds_run(tmp_path_factory, tokenizer) -> dict:
         DRAFTSMITH_PAUSE_FILE=str(flag),
     )
     killed = subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "--cores", "2", *cfg],
+        [sys.executable, "-m", "snakemake", "--cores", "2", NOLOCK, *cfg],
         cwd=REPO,
         env=run_env,
         stdout=subprocess.PIPE,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import build_target
+from conftest import NOLOCK, build_target
 
 from draftsmith.demo.data import read_text, split_files
 
@@ -191,7 +191,7 @@ def _stop(pidfile: Path, wait: float = 20) -> None:
 def snakemake(*args, env):
     env = dict(env, PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", *args],
+        [sys.executable, "-m", "snakemake", NOLOCK, *args],
         cwd=REPO,
         env=env,
         capture_output=True,

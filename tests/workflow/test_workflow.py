@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import digest, hub_cache, job_counts, make_workflow, snakemake
+from conftest import NOLOCK, digest, hub_cache, job_counts, make_workflow, snakemake
 
 from draftsmith.preflight import FIRST_RECORDS, preflight
 from draftsmith.speculative.engine_run import engine_available
@@ -338,7 +338,7 @@ def test_jobs_run_with_snakemakes_interpreter_from_a_bare_shell(tmp_path, tokeni
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = "/usr/bin:/bin"  # no venv, no pyenv shims
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", str(tmp_path / "results" / "probe.json"), "--cores", "1",
+        [sys.executable, "-m", "snakemake", str(tmp_path / "results" / "probe.json"), "--cores", "1", NOLOCK,
          "--configfile", str(config)],
         cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
     )  # fmt: skip
