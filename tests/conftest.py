@@ -166,12 +166,13 @@ NOLOCK = "--nolock"
 
 
 def snakemake(
-    *args, check: bool = True, env: dict | None = None, cores: int = 2
+    *args, check: bool = True, env: dict | None = None, cores: int = 2, lock: bool = False
 ) -> subprocess.CompletedProcess:
-    """The Snakemake CLI in the repository (its workflow profile included), as a user runs it."""
+    """The Snakemake CLI in the repository (its workflow profile included), as a user runs it; Snakemake's
+    lock only where a test is about it (`lock=True`)."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {}))
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", str(cores), NOLOCK, *args],
+        [sys.executable, "-m", "snakemake", "--cores", str(cores), *([] if lock else [NOLOCK]), *args],
         cwd=REPO,
         env=env,
         capture_output=True,

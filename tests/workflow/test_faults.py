@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import NOLOCK, REPO, digest, job_counts, make_workflow, snakemake
+from conftest import REPO, digest, job_counts, make_workflow, snakemake
 
 SHARDS = [f"shard{i:03d}" for i in range(4)]
 
@@ -73,7 +73,7 @@ def ref(setup) -> dict:
         DRAFTSMITH_PAUSE_FILE=str(flag),
     )
     first = subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "--cores", "2", NOLOCK, "dataset", "--configfile", str(config)],
+        [sys.executable, "-m", "snakemake", "--cores", "2", "dataset", "--configfile", str(config)],  # locked
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -87,7 +87,7 @@ def ref(setup) -> dict:
         time.sleep(0.3)  # the writer thread puts the first batch into the file
         seen["partial_size"] = (res / "extract/shard001.safetensors.partial").stat().st_size
         seen["final_while_paused"] = (res / "extract/shard001.safetensors").exists()
-        seen["second"] = snakemake("dataset", "--configfile", str(config), check=False)
+        seen["second"] = snakemake("dataset", "--configfile", str(config), check=False, lock=True)
         os.kill(pid, signal.SIGKILL)  # the flag stays: the retry goes on without a pause
         seen["first_out"] = first.communicate(timeout=300)[0]
     finally:
