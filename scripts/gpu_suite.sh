@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind the project's performance figures, in phases (run on a GPU node from the repo root):
-#   scripts/gpu_suite.sh env|stage_a|study_start|watch|engine_real|engine_demo|engine_sliding|engine_start|engine_watch|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
+#   scripts/gpu_suite.sh env|stage_a|study_start|watch|engine_real|engine_demo|engine_sliding|engine_start|engine_watch|engine_prebuilt|width_start|width_watch|prefill|prefill_admit|prefill_e2e|regen_profile|sweep|extract1|extract2|train|train_loop|memcap|profile|regen|regen_vs_generate|regen_best|regen_best_spread|regen_refill|norms|layer_kernels|e2e1024|autotune_cache|gputests|spec|demo|demo1|workflow27b|workflow27b_1gpu|workflow_width|bench_width|gdn_launches ...
 # Logs and JSON figures go to $OUT (default gpu_out/). `export CALL_END=$(( $(date +%s) + LIMIT ))` first in a
 # device call makes the watch phases return before the call's limit, so their output comes back. Wheels in .whl/
 # (fla-core, snakemake) are installed first when present, for machines without package access.
@@ -375,6 +375,49 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         mkdir -p /tmp/engine && rm -f /tmp/engine/done
         setsid nohup bash scripts/gpu_suite.sh engine_bg > /tmp/engine/bg.log 2>&1 < /dev/null &
         sleep 5; cat /tmp/engine/bg.log
+        ;;
+    engine_prebuilt)  # issue 38's hybrid and sliding cases on DAGs run on a CPU (`snakemake` and `snakemake
+        # --configfile config.yaml configs/demo-sliding.yaml`; carried: results/demo/target and its prompts, each
+        # drafter and bench records): the engine bench's two steps alone, as the rules run them, so no device
+        # time goes to the DAG's CPU work. Both drafters at once on GPU 0, eager (0.4 of its memory each), with
+        # the V2 runner's verdict on a DFlash drafter beside them; then the hybrid case compiled, as a user
+        # serves it, for tokens/s. Each step's table and log into $OUT as soon as it ends
+        python3 -m pip install -q --no-deps --no-build-isolation -e . > $OUT/pip_e.log 2>&1 || tail -3 $OUT/pip_e.log
+        export DRAFTSMITH_GPUS=0,0
+        T=results/demo/target P=results/demo/data/prompts.jsonl
+        TJ='{"chat_template": null, "dtype": "auto", "model": "demo", "revision": null, "trust_remote_code": false}'
+        engine_case() {  # $1: results folder, $2: enforce_eager, $3: gpu_memory_utilization, $4: a name
+            local R=$1 name=$4
+            local BJ='{"block_size": null, "engine": {"batch": 8, "enabled": "auto", "enforce_eager": '$2', "env": {}, "gpu_memory_utilization": '$3', "max_model_len": "auto"}, "max_new_tokens": 96, "max_prompts": null, "temperature": 0.0, "thinking": false}'
+            mkdir -p $R/bench/engine $R/logs/engine
+            timeout ${ENGINE_LIMIT_S:-280} python3 -m draftsmith.steps.engine_bench --target $T --drafter $R/drafter \
+                --prompts $P --dataset demo --bench-json "$BJ" --target-json "$TJ" --gpus 1 \
+                --out $R/bench/engine/demo.json > $OUT/$name.log 2>&1
+            echo "$name exit $? $(date +%T)"; cp $R/bench/engine/demo.json $OUT/${name}_run.json 2>/dev/null
+            python3 -m draftsmith.steps.engine_report --runs $R/bench/engine/demo.json --records $R/bench/records.jsonl \
+                --json $OUT/$name.json --md $OUT/$name.md > $OUT/${name}_report.log 2>&1 && cat $OUT/$name.md
+        }
+        engine_case results true 0.4 hybrid_eager &
+        engine_case results/sliding true 0.4 sliding_eager &
+        VLLM_USE_V2_MODEL_RUNNER=1 timeout 120 python3 - $T results/sliding/drafter > $OUT/v2_verdict.log 2>&1 <<'PY' &
+import sys
+from pathlib import Path
+from draftsmith.speculative.vllm_plugin import register
+from vllm.engine.arg_utils import EngineArgs
+register()
+target, drafter = (str(Path(x).resolve()) for x in sys.argv[1:3])
+args = EngineArgs(model=target, max_model_len=512, gpu_memory_utilization=0.1,
+                  speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": 7})
+try:
+    args.create_engine_config()
+    print("V2 VERDICT: accepted")
+except Exception as e:  # the verdict is the message
+    print(f"V2 VERDICT: refused: {type(e).__name__}: {e}")
+PY
+        wait
+        grep -h "V2 VERDICT" $OUT/v2_verdict.log || tail -5 $OUT/v2_verdict.log
+        rm -f results/bench/engine/demo.json
+        engine_case results false 0.85 hybrid_compiled
         ;;
     engine_bg)  # started by engine_start: the three DAGs at once, then the sliding drafter on the V2 runner
         export OUT=/tmp/engine ENGINE_SLOTS=3

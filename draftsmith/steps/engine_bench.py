@@ -32,11 +32,17 @@ SLIDING_NOTE = (
     "the drafter has sliding layers: vLLM 0.22 runs every DFlash drafter layer as full attention over the "
     "block, where draftsmith trains sliding ones causal inside it: acceptance can fall below the replay's"
 )
+EAGER_NOTE = (
+    "bench.engine.enforce_eager: served without compilation or CUDA graphs, so its tokens/s are not a served "
+    "engine's"
+)
 
 
 def _notes(drafter: str, bench: dict) -> list[str]:
     """What makes the engine's figures differ from the replay's by design."""
     notes = [SLIDING_NOTE] if drafter_has_sliding_layers(drafter) else []
+    if bench["engine"]["enforce_eager"]:
+        notes.append(EAGER_NOTE)
     if float(bench["temperature"]) > 0:
         notes.append(
             f"the engine decodes greedily; the replay's tau at bench.temperature {bench['temperature']} "
@@ -65,6 +71,7 @@ def _passes(
         "batch": int(engine["batch"]),
         "num_speculative_tokens": block - 1,  # the block's first slot holds the last committed token
         "hybrid": "linear_attention" in layer_kinds(text_config(target)),
+        "enforce_eager": bool(engine["enforce_eager"]),
     }
     return [{**common, "name": "target", "drafter": None}, {**common, "name": "dflash", "drafter": drafter}]
 

@@ -10,10 +10,10 @@ import pytest
 from conftest import REPO, build_target
 
 from draftsmith.speculative.engine_run import drafter_has_sliding_layers, engine_available, engine_env
-from draftsmith.steps.engine_bench import _passes
+from draftsmith.steps.engine_bench import EAGER_NOTE, SLIDING_NOTE, _notes, _passes
 
 BENCH = {"block_size": None, "max_new_tokens": 32, "engine": {"max_model_len": "auto", "batch": 4,
-         "gpu_memory_utilization": 0.5, "env": {}}}  # fmt: skip
+         "gpu_memory_utilization": 0.5, "env": {}, "enforce_eager": False}, "temperature": 0.0}  # fmt: skip
 
 
 @pytest.fixture
@@ -41,9 +41,17 @@ def test_both_passes_serve_the_same_prompts_one_with_the_drafter(tmp_path, token
     assert spec["num_speculative_tokens"] == 7  # a block of 8: its first slot holds the last committed token
     assert spec["max_model_len"] == 10 + 32 + 8 and spec["stop_ids"] == [7] and spec["batch"] == 4
     assert spec["hybrid"] is True  # Gated DeltaNet layers: vLLM sizes their recurrent states
+    assert spec["enforce_eager"] is False  # compiled, with CUDA graphs, as an engine is served
     attention = build_target(tmp_path / "attention", tokenizer, "attention")
     assert _passes(attention, str(drafter), [[1]], bench=BENCH, stop_ids=[])[0]["hybrid"] is False
     assert drafter_has_sliding_layers(drafter)
+
+
+def test_the_report_names_what_makes_the_engine_differ_from_the_replay(drafter):
+    assert _notes(str(drafter), BENCH) == [SLIDING_NOTE]
+    eager = {**BENCH, "engine": {**BENCH["engine"], "enforce_eager": True}, "temperature": 0.7}
+    notes = _notes(str(drafter), eager)
+    assert notes[:2] == [SLIDING_NOTE, EAGER_NOTE] and "0.7" in notes[2]
 
 
 def test_the_engines_environment_keeps_what_the_config_sets():
