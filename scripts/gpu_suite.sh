@@ -420,7 +420,7 @@ PY
         engine_case results false 0.85 hybrid_compiled
         ;;
     engine_bg)  # started by engine_start: the three DAGs at once, then the sliding drafter on the V2 runner
-        export OUT=/tmp/engine ENGINE_SLOTS=3
+        export OUT=/tmp/engine ENGINE_SLOTS=3 ENGINE_CORES=${ENGINE_CORES:-5}  # three DAGs on 16 cores: a CPU job each at most
         (while sleep 15; do echo "$(date +%T) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"; done) > /tmp/engine/gpu.log 2>&1 &
         MONITOR=$!
         PIDS=()

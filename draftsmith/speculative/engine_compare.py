@@ -114,8 +114,9 @@ def markdown(rows: Sequence[dict], *, engine: str) -> str:
         "| gap | pos 1 engine / replay | pos 2 engine / replay | tokens/s batch 1 without / with | speedup "
         "| tokens/s batch B without / with | speedup | equal to greedy |"
     )
+    served = [r for r in rows if not r.get("skipped")]
     lines = [f"# The drafter served by {engine}", "", head, "|" + "---|" * 13]
-    for r in rows:
+    for r in served:
         b1, bb = r["tokens_per_s"]["batch1"], r["tokens_per_s"]["batch"]
         cells = [
             r["dataset"],
@@ -140,7 +141,8 @@ def markdown(rows: Sequence[dict], *, engine: str) -> str:
         "The engine's own acceptance length also counts drafts accepted past an answer's end, so it reads "
         "slightly higher.",
     ]
-    for r in rows:
+    lines += [f"- {r['dataset']}: not served: {r['skipped']}" for r in rows if r.get("skipped")]
+    for r in served:
         lines += [f"- {r['dataset']}: {note}" for note in r.get("notes", [])]
         for p in r["partings"]:
             margin = (

@@ -43,6 +43,21 @@ def engine_in_dag(setting: object, *, conda: bool = False) -> bool:
     return False
 
 
+def engine_refusal(text_cfg: dict, *, hybrid: bool) -> str | None:
+    """Why vLLM 0.22 cannot serve this target, where the target's config says so without loading vLLM; None
+    where nothing is known against it. Its fused Gated DeltaNet prefill kernel (`_fused_post_conv_kernel`)
+    builds one mask for key heads and another for value heads, and Triton refuses to compile it where the
+    two head sizes differ (docs/serving.md)."""
+    k, v = text_cfg.get("linear_key_head_dim"), text_cfg.get("linear_value_head_dim")
+    if hybrid and k and v and int(k) != int(v):
+        return (
+            "vLLM 0.22's fused Gated DeltaNet prefill kernel does not compile where "
+            f"linear_key_head_dim ({k}) differs from linear_value_head_dim ({v}); every released Qwen3.5/3.6 "
+            "has them equal"
+        )
+    return None
+
+
 def drafter_has_sliding_layers(drafter_dir: str | Path) -> bool:
     cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
     return "sliding_attention" in (cfg.get("layer_types") or [])

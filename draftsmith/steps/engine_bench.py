@@ -20,6 +20,7 @@ from draftsmith.speculative.engine_run import (
     drafter_has_sliding_layers,
     engine_available,
     engine_env,
+    engine_refusal,
     run_pass,
 )
 from draftsmith.target.files import resolve_target, text_config
@@ -88,10 +89,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     setup_logging()
-    if not engine_available():
-        raise SystemExit(f"engine bench: vLLM cannot be imported in this job's environment: {INSTALL}")
     bench, tcfg = section_arg(a.bench_json, "bench"), section_arg(a.target_json, "target")
     target = resolve_target(a.target)
+    text_cfg = text_config(target)
+    refusal = engine_refusal(text_cfg, hybrid="linear_attention" in layer_kinds(text_cfg))
+    if refusal and bench["engine"]["enabled"] is True:
+        raise SystemExit(
+            f"engine bench: {refusal}. bench.engine.enabled is true: set it to auto to go on without it"
+        )
+    if refusal:  # auto: the report says why in one line, and the DAG goes on
+        print(f"engine bench skipped: {refusal}")
+        write_json(a.out, {"dataset": a.dataset, "engine": "vllm", "skipped": refusal})
+        return
+    if not engine_available():
+        raise SystemExit(f"engine bench: vLLM cannot be imported in this job's environment: {INSTALL}")
     tok = load_tokenizer(target, tcfg)
     records = part_prompts(a.prompts, bench, part=0, parts=1)
     ids = [prompt_ids_of(r, tok, bool(bench["thinking"])) for r in records]

@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for path in a.runs:
         run = read_json(path)
+        if run.get("skipped"):  # the engine could not serve this target (steps.engine_bench says why)
+            rows.append({"dataset": run["dataset"], "skipped": run["skipped"]})
+            continue
         rows.append(beside(engine_summary(run), replay_acceptance(records, run["dataset"])))
     write_json(a.json, rows)
     write_text(a.md, markdown(rows, engine="vLLM"))

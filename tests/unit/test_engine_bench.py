@@ -9,8 +9,14 @@ import sys
 import pytest
 from conftest import REPO, build_target
 
-from draftsmith.speculative.engine_run import drafter_has_sliding_layers, engine_available, engine_env
-from draftsmith.steps.engine_bench import EAGER_NOTE, SLIDING_NOTE, _notes, _passes
+from draftsmith.speculative.engine_compare import markdown
+from draftsmith.speculative.engine_run import (
+    drafter_has_sliding_layers,
+    engine_available,
+    engine_env,
+    engine_refusal,
+)
+from draftsmith.steps.engine_bench import EAGER_NOTE, SLIDING_NOTE, _notes, _passes, main
 
 BENCH = {"block_size": None, "max_new_tokens": 32, "engine": {"max_model_len": "auto", "batch": 4,
          "gpu_memory_utilization": 0.5, "env": {}, "enforce_eager": False}, "temperature": 0.0}  # fmt: skip
@@ -65,10 +71,36 @@ def test_the_engines_environment_keeps_what_the_config_sets():
     assert engine_env([0], {"VLLM_USE_FLASHINFER_SAMPLER": 1})["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
 
 
+def _unservable(tmp_path, tokenizer):
+    """A hybrid target whose Gated DeltaNet key heads are narrower than its value heads (as the demo's were
+    until 2026-12-05): vLLM 0.22's prefill kernel does not compile for it."""
+    target = build_target(tmp_path / "target", tokenizer, "hybrid")
+    cfg = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**cfg, "linear_key_head_dim": 8}))
+    return target
+
+
+def test_a_target_vllm_cannot_serve_is_left_out_in_one_line(tmp_path, tokenizer, drafter):
+    target = _unservable(tmp_path, tokenizer)
+    assert engine_refusal({"linear_key_head_dim": 8, "linear_value_head_dim": 16}, hybrid=False) is None
+    assert engine_refusal({"linear_key_head_dim": 16, "linear_value_head_dim": 16}, hybrid=True) is None
+    args = ["--target", str(target), "--drafter", str(drafter), "--prompts", "unread.jsonl", "--dataset", "d",
+            "--out", str(tmp_path / "run.json")]  # fmt: skip
+    main([*args, "--bench-json", "{}"])  # auto: no vLLM needed to know it, and the DAG goes on
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["dataset"] == "d"
+    assert "linear_key_head_dim (8) differs from linear_value_head_dim (16)" in run["skipped"]
+    page = markdown([{"dataset": "d", "skipped": run["skipped"]}], engine="vLLM")
+    assert f"- d: not served: {run['skipped']}" in page.splitlines()
+    with pytest.raises(SystemExit, match="bench.engine.enabled is true: set it to auto"):
+        main([*args, "--bench-json", json.dumps({"engine": {"enabled": True}})])
+
+
 @pytest.mark.skipif(engine_available(), reason="vLLM is installed here")
-def test_without_vllm_the_job_stops_naming_the_extra(tmp_path, drafter):
+def test_without_vllm_the_job_stops_naming_the_extra(tmp_path, tokenizer, drafter):
+    target = build_target(tmp_path / "target", tokenizer, "hybrid")
     proc = subprocess.run(
-        [sys.executable, "-m", "draftsmith.steps.engine_bench", "--target", str(tmp_path), "--drafter",
+        [sys.executable, "-m", "draftsmith.steps.engine_bench", "--target", str(target), "--drafter",
          str(drafter), "--prompts", "p.jsonl", "--dataset", "d", "--bench-json", "{}", "--out",
          str(tmp_path / "o")],
         cwd=REPO, capture_output=True, text=True,

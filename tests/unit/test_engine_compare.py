@@ -15,6 +15,7 @@ from draftsmith.speculative.engine_compare import (
 )
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "vllm_metrics_smollm2.json"
+RECORDED_RUN = RECORDED.with_name("vllm_engine_run_smollm2.json")  # a whole engine_bench record
 
 
 def test_parting_finds_the_first_token_and_weighs_it():
@@ -89,3 +90,19 @@ def test_engine_run_beside_the_replay_and_its_page():
     assert "| far | 2 | 1.164 | 1.168 | 1.176 | +20.0% (!) |" in lines[5]
     assert "- humaneval prompt 1: leaves greedy at token 1 (margin 0.010 nats)" in lines
     assert "- humaneval: the drafter has sliding layers" in lines
+
+
+def test_a_recorded_engine_run_of_the_h100_reads_as_its_report_did():
+    """vLLM 0.22.0's own record of demo-real's drafter (engine_bench's output on an H100): the counters are
+    read between the batch-1 prompts alone, as the report read them on the machine."""
+    run = json.loads(RECORDED_RUN.read_text())
+    s = engine_summary(run)
+    acc = s["acceptance"]
+    assert (acc["drafts"], acc["accepted_tokens"]) == (706, 146)  # the warm-up's and the batch's left out
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + 146 / 706)
+    assert acc["acceptance_by_position"][:3] == pytest.approx([134 / 706, 12 / 706, 0.0])
+    assert acc["tokens_a_step"] == pytest.approx(851 / 706)  # 861 tokens, the first of each of 10 answers out
+    assert s["equal"] == 10 and s["partings"] == []
+    assert s["tokens_per_s"]["batch1"]["speedup"] == pytest.approx(0.5815, abs=1e-4)
+    replay = {"tau_pooled": 1.197, "acceptance_by_position": [0.183, 0.014]}  # the bench's, on those prompts
+    assert beside(s, replay)["agree"]
