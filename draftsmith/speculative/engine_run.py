@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from draftsmith.core.io import write_json
+from draftsmith.preflight import layer_kinds
 from draftsmith.speculative.engine_metrics import metric_records
 from draftsmith.speculative.vllm_plugin import register
 
@@ -27,11 +28,19 @@ def engine_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def engine_in_dag(setting: object, *, conda: bool = False) -> bool:
+def engine_in_dag(setting: object, *, conda: bool = False, text_cfg: dict | None = None) -> bool:
     """Whether the DAG holds the engine bench, from `bench.engine.enabled`; says so in one line where vLLM
     is absent and the setting is auto, and raises where it is absent and required. With `conda` (Snakemake's
-    --use-conda) the job's own environment (envs/serve.yaml) brings vLLM, so it is in the DAG."""
+    --use-conda) the job's own environment (envs/serve.yaml) brings vLLM, so it is in the DAG. Where the
+    target's config is at hand (`text_cfg`: a local model directory), a target vLLM cannot serve is left out
+    the same way, or stops the run before any job where the engine is required."""
     if setting is False:
+        return False
+    refusal = engine_refusal(text_cfg) if text_cfg else None
+    if refusal and setting is True:
+        raise RuntimeError(f"bench.engine.enabled is true, but {refusal}: set it to auto or false")
+    if refusal:
+        print(f"engine bench: left out, {refusal}", file=sys.stderr)
         return False
     if conda or engine_available():
         return True
@@ -43,12 +52,13 @@ def engine_in_dag(setting: object, *, conda: bool = False) -> bool:
     return False
 
 
-def engine_refusal(text_cfg: dict, *, hybrid: bool) -> str | None:
+def engine_refusal(text_cfg: dict) -> str | None:
     """Why vLLM 0.22 cannot serve this target, where the target's config says so without loading vLLM; None
     where nothing is known against it. Its fused Gated DeltaNet prefill kernel (`_fused_post_conv_kernel`)
     builds one mask for key heads and another for value heads, and Triton refuses to compile it where the
     two head sizes differ (docs/serving.md)."""
     k, v = text_cfg.get("linear_key_head_dim"), text_cfg.get("linear_value_head_dim")
+    hybrid = "linear_attention" in layer_kinds(text_cfg)
     if hybrid and k and v and int(k) != int(v):
         return (
             "vLLM 0.22's fused Gated DeltaNet prefill kernel does not compile where "

@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     bench, tcfg = section_arg(a.bench_json, "bench"), section_arg(a.target_json, "target")
     target = resolve_target(a.target)
-    text_cfg = text_config(target)
-    refusal = engine_refusal(text_cfg, hybrid="linear_attention" in layer_kinds(text_cfg))
+    refusal = engine_refusal(text_config(target))
     if refusal and bench["engine"]["enabled"] is True:
         raise SystemExit(
             f"engine bench: {refusal}. bench.engine.enabled is true: set it to auto to go on without it"

@@ -14,6 +14,7 @@ from draftsmith.speculative.engine_run import (
     drafter_has_sliding_layers,
     engine_available,
     engine_env,
+    engine_in_dag,
     engine_refusal,
 )
 from draftsmith.steps.engine_bench import EAGER_NOTE, SLIDING_NOTE, _notes, _passes, main
@@ -82,8 +83,9 @@ def _unservable(tmp_path, tokenizer):
 
 def test_a_target_vllm_cannot_serve_is_left_out_in_one_line(tmp_path, tokenizer, drafter):
     target = _unservable(tmp_path, tokenizer)
-    assert engine_refusal({"linear_key_head_dim": 8, "linear_value_head_dim": 16}, hybrid=False) is None
-    assert engine_refusal({"linear_key_head_dim": 16, "linear_value_head_dim": 16}, hybrid=True) is None
+    hybrid = {"layer_types": ["linear_attention", "full_attention"]}
+    assert engine_refusal({"linear_key_head_dim": 8, "linear_value_head_dim": 16}) is None  # no linear layers
+    assert engine_refusal({**hybrid, "linear_key_head_dim": 16, "linear_value_head_dim": 16}) is None
     args = ["--target", str(target), "--drafter", str(drafter), "--prompts", "unread.jsonl", "--dataset", "d",
             "--out", str(tmp_path / "run.json")]  # fmt: skip
     main([*args, "--bench-json", "{}"])  # auto: no vLLM needed to know it, and the DAG goes on
@@ -94,6 +96,17 @@ def test_a_target_vllm_cannot_serve_is_left_out_in_one_line(tmp_path, tokenizer,
     assert f"- d: not served: {run['skipped']}" in page.splitlines()
     with pytest.raises(SystemExit, match="bench.engine.enabled is true: set it to auto"):
         main([*args, "--bench-json", json.dumps({"engine": {"enabled": True}})])
+
+
+def test_a_local_target_vllm_cannot_serve_is_known_at_parse_time(capsys):
+    cfg = {"layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 8,
+           "linear_value_head_dim": 16}  # fmt: skip
+    assert engine_in_dag("auto", conda=True, text_cfg=cfg) is False  # left out, as where vLLM is absent
+    assert "engine bench: left out, vLLM 0.22's fused Gated DeltaNet" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="bench.engine.enabled is true, but vLLM 0.22's fused"):
+        engine_in_dag(True, conda=True, text_cfg=cfg)
+    assert engine_in_dag("auto", conda=True, text_cfg={**cfg, "linear_key_head_dim": 16}) is True
+    assert engine_in_dag(False, conda=True, text_cfg=cfg) is False
 
 
 @pytest.mark.skipif(engine_available(), reason="vLLM is installed here")

@@ -32,7 +32,7 @@ from draftsmith.plan.rounds import (
     whole_epochs,
 )
 from draftsmith.speculative.engine_run import engine_in_dag
-from draftsmith.target.files import is_hub_id
+from draftsmith.target.files import is_hub_id, text_config
 
 validate(config, schema="../schemas/config.schema.yaml")
 # values wrong for this target (tap layers, mask token, chat template, prompt files, a preset for another
@@ -285,7 +285,11 @@ BENCH_DATASETS = {d["name"]: d["path"] for d in config["bench"]["datasets"]}
 # the engine bench (bench.engine): in the DAG where vLLM can be imported, or its job's conda environment brings it
 CONDA_JOBS = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
 try:
-    ENGINE = engine_in_dag(config["bench"]["engine"]["enabled"], conda=CONDA_JOBS)
+    ENGINE = engine_in_dag(
+        config["bench"]["engine"]["enabled"],
+        conda=CONDA_JOBS,
+        text_cfg=text_config(MODEL) if Path(MODEL, "config.json").is_file() else None,
+    )
 except RuntimeError as e:
     raise WorkflowError(str(e)) from None
 
