@@ -4,6 +4,7 @@ with the key named. Real jobs, real files, a tiny real target."""
 import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,20 @@ def test_without_vllm_the_engine_bench_is_left_out_in_one_line_and_requiring_it_
     proc = snakemake("-n", "--configfile", str(small_run / "config.yaml"), str(need), check=False)
     assert proc.returncode != 0
     assert "bench.engine.enabled is true, but vLLM cannot be imported here" in proc.stderr + proc.stdout
+
+
+def test_a_local_target_vllm_cannot_serve_is_named_at_parse_time(small_run, tmp_path):
+    cfg = yaml.safe_load((small_run / "config.yaml").read_text())
+    target = tmp_path / "target"
+    shutil.copytree(cfg["target"]["model"], target)
+    fields = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**fields, "linear_key_head_dim": 8}))  # value heads: 16
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"target": {"model": str(target)}, "bench": {"engine": {"enabled": True}}}))
+    proc = snakemake("-n", "--configfile", str(small_run / "config.yaml"), str(other), check=False)
+    assert proc.returncode != 0  # before any job: the engine is required, and vLLM 0.22 cannot serve it
+    assert "bench.engine.enabled is true, but vLLM 0.22's fused Gated DeltaNet" in proc.stderr + proc.stdout
+    assert "linear_key_head_dim (8) differs from linear_value_head_dim (16)" in proc.stderr + proc.stdout
 
 
 def test_excluding_the_bench_gives_prepare_the_bench_files_and_no_other_job_the_key(small_run, tmp_path):

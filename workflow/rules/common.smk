@@ -284,12 +284,17 @@ BENCH_PARTS = bench_parts()
 BENCH_DATASETS = {d["name"]: d["path"] for d in config["bench"]["datasets"]}
 # the engine bench (bench.engine): in the DAG where vLLM can be imported, or its job's conda environment brings it
 CONDA_JOBS = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+
+
+def engine_wanted():
+    """The engine bench in the DAG or not; a local target's config is read for what vLLM cannot serve."""
+    local = text_config(MODEL) if Path(MODEL, "config.json").is_file() else None
+    enabled = config["bench"]["engine"]["enabled"]
+    return engine_in_dag(enabled, conda=CONDA_JOBS, text_cfg=local)
+
+
 try:
-    ENGINE = engine_in_dag(
-        config["bench"]["engine"]["enabled"],
-        conda=CONDA_JOBS,
-        text_cfg=text_config(MODEL) if Path(MODEL, "config.json").is_file() else None,
-    )
+    ENGINE = engine_wanted()
 except RuntimeError as e:
     raise WorkflowError(str(e)) from None
 
