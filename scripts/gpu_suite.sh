@@ -381,7 +381,8 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         # drafter and bench records): the engine bench's two steps alone, as the rules run them, so no device
         # time goes to the DAG's CPU work. Both drafters at once on GPU 0, eager (0.4 of its memory each), with
         # the V2 runner's verdict on a DFlash drafter beside them; then the hybrid case compiled, as a user
-        # serves it, for tokens/s. Each step's table and log into $OUT as soon as it ends
+        # serves it, for tokens/s (ENGINE_PASSES=eager or compiled: one part alone, e.g. in calls of their own).
+        # Each step's table and log into $OUT as soon as it ends
         python3 -m pip install -q --no-deps --no-build-isolation -e . > $OUT/pip_e.log 2>&1 || tail -3 $OUT/pip_e.log
         export DRAFTSMITH_GPUS=0,0
         T=results/demo/target P=results/demo/data/prompts.jsonl
@@ -397,6 +398,7 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
             python3 -m draftsmith.steps.engine_report --runs $R/bench/engine/demo.json --records $R/bench/records.jsonl \
                 --json $OUT/$name.json --md $OUT/$name.md > $OUT/${name}_report.log 2>&1 && cat $OUT/$name.md
         }
+        if [ "${ENGINE_PASSES:-both}" != compiled ]; then
         engine_case results true 0.4 hybrid_eager &
         engine_case results/sliding true 0.4 sliding_eager &
         VLLM_USE_V2_MODEL_RUNNER=1 timeout 120 python3 - $T results/sliding/drafter > $OUT/v2_verdict.log 2>&1 <<'PY' &
@@ -416,8 +418,11 @@ except Exception as e:  # the verdict is the message
 PY
         wait
         grep -h "V2 VERDICT" $OUT/v2_verdict.log || tail -5 $OUT/v2_verdict.log
-        rm -f results/bench/engine/demo.json
-        engine_case results false 0.85 hybrid_compiled
+        fi
+        if [ "${ENGINE_PASSES:-both}" != eager ]; then
+            rm -f results/bench/engine/demo.json
+            ENGINE_LIMIT_S=${ENGINE_COMPILED_LIMIT_S:-420} engine_case results false 0.85 hybrid_compiled
+        fi
         ;;
     engine_bg)  # started by engine_start: the three DAGs at once, then the sliding drafter on the V2 runner
         export OUT=/tmp/engine ENGINE_SLOTS=3 ENGINE_CORES=${ENGINE_CORES:-5}  # three DAGs on 16 cores: a CPU job each at most
