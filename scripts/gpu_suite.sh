@@ -386,13 +386,14 @@ for n in (64, 128, 256): print(n, 'slots:', time_kernels(torch.device('cuda'), n
         python3 -m pip install -q --no-deps --no-build-isolation -e . > $OUT/pip_e.log 2>&1 || tail -3 $OUT/pip_e.log
         export DRAFTSMITH_GPUS=0,0
         T=results/demo/target P=results/demo/data/prompts.jsonl
-        TJ='{"chat_template": null, "dtype": "auto", "model": "demo", "revision": null, "trust_remote_code": false}'
+        # the keys config.yaml sets away from the schema's defaults, which the step fills in as the rule's do
+        NEW=$(python3 -c "import yaml; print(yaml.safe_load(open('config.yaml'))['bench']['max_new_tokens'])")
         engine_case() {  # $1: results folder, $2: enforce_eager, $3: gpu_memory_utilization, $4: a name
             local R=$1 name=$4
-            local BJ='{"block_size": null, "engine": {"batch": 8, "enabled": "auto", "enforce_eager": '$2', "env": {}, "gpu_memory_utilization": '$3', "max_model_len": "auto"}, "max_new_tokens": 96, "max_prompts": null, "temperature": 0.0, "thinking": false}'
+            local BJ='{"max_new_tokens": '$NEW', "engine": {"enforce_eager": '$2', "gpu_memory_utilization": '$3'}}'
             mkdir -p $R/bench/engine $R/logs/engine
             timeout ${ENGINE_LIMIT_S:-280} python3 -m draftsmith.steps.engine_bench --target $T --drafter $R/drafter \
-                --prompts $P --dataset demo --bench-json "$BJ" --target-json "$TJ" --gpus 1 \
+                --prompts $P --dataset demo --bench-json "$BJ" --target-json '{"model": "demo"}' --gpus 1 \
                 --out $R/bench/engine/demo.json > $OUT/$name.log 2>&1
             echo "$name exit $? $(date +%T)"; cp $R/bench/engine/demo.json $OUT/${name}_run.json 2>/dev/null
             python3 -m draftsmith.steps.engine_report --runs $R/bench/engine/demo.json --records $R/bench/records.jsonl \
