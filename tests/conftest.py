@@ -17,6 +17,9 @@ import yaml
 
 from draftsmith.demo.data import read_text, split_files
 from draftsmith.demo.target import train_tokenizer
+from draftsmith.drafter.config import drafter_config
+from draftsmith.drafter.model import Drafter
+from draftsmith.drafter.zlab import save_zlab
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,6 +150,15 @@ def build_target(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_untrained_drafter(target: Path, out: Path) -> None:
+    """An untrained 1-layer drafter (block 4, taps 1 and 3) of the target's shape, in z-lab's format."""
+    text = json.loads((target / "config.json").read_text())
+    torch.manual_seed(0)
+    cfg = drafter_config(text, [1, 3], num_layers=1, num_target_layers=text["num_hidden_layers"],
+                         mask_token_id=text["vocab_size"] - 1, block_size=4)  # fmt: skip
+    save_zlab(Drafter(cfg), out)
 
 
 @pytest.fixture(scope="session")

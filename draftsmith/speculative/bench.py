@@ -307,12 +307,10 @@ def run_bench(
     )
     done = _resume_partial(partial, key, count=len(mine))
     todo = [i for i in range(len(mine)) if i not in done]
-    models: _Models | None = None
+    models: Models | None = None
     with acquire(gpus if todo else 0) as devices, partial.open("a") as log_f:
         if todo:
-            models = _load_models(
-                target_dir, drafter_dir, devices=devices, target_cfg=target_cfg, bench=bench
-            )
+            models = load_models(target_dir, drafter_dir, devices=devices, target_cfg=target_cfg, bench=bench)
             tap_ids = taps or drafter_taps(drafter_dir)
             thinking = bool(bench["thinking"])
             for w in range(int(bench["warmup"])):  # compile kernels, warm allocators
@@ -355,7 +353,7 @@ def fp32_check(
     target_cfg: dict,
     bench: dict,
     taps: list[int],
-    loaded: _Models | None = None,
+    loaded: Models | None = None,
 ) -> list[dict]:
     """The first `bench.fp32_check_prompts` prompts again with target and drafter in fp32: there the real
     DFlash loop must equal greedy decoding exactly, so a difference is a bug, not bf16 rounding. One record
@@ -372,14 +370,14 @@ def fp32_check(
         return _check_in_fp32(loaded, prompts[:count], dataset=dataset, part=part, parts=parts, bench=bench,
                               taps=taps)  # fmt: skip
     with acquire(gpus) as devices:
-        models = _load_models(target_dir, drafter_dir, devices=devices, target_cfg=target_cfg, bench=bench)
+        models = load_models(target_dir, drafter_dir, devices=devices, target_cfg=target_cfg, bench=bench)
         return _check_in_fp32(
             models, prompts[:count], dataset=dataset, part=part, parts=parts, bench=bench, taps=taps
         )
 
 
 def _check_in_fp32(
-    models: _Models, prompts: list[dict], *, dataset: str, part: int, parts: int, bench: dict, taps: list[int]
+    models: Models, prompts: list[dict], *, dataset: str, part: int, parts: int, bench: dict, taps: list[int]
 ) -> list[dict]:
     """`checks_in_fp32` on the prompts, one `check: fp32` record each."""
     thinking = bool(bench["thinking"])
@@ -418,7 +416,7 @@ def checks_in_fp32(
 
 
 @dataclass
-class _Models:
+class Models:
     """A loaded target and drafter, with what benchmarking a prompt on them needs."""
 
     target: nn.Module
@@ -447,9 +445,7 @@ def _resume_partial(partial: Path, key: str, *, count: int) -> dict[int, list[di
     return done
 
 
-def _load_models(
-    target_dir: str, drafter_dir: str, *, devices: list, target_cfg: dict, bench: dict
-) -> _Models:
+def load_models(target_dir: str, drafter_dir: str, *, devices: list, target_cfg: dict, bench: dict) -> Models:
     """The target on the pool's devices and the drafter beside it, cut to bench.block_size when that is
     set."""
     # exact: on the CPU the bench runs in fp32, so that its real loop is checked against greedy bit for bit
@@ -457,13 +453,11 @@ def _load_models(
     drafter: Proposer = load_block_drafter(drafter_dir, target_dir, device, next(target.parameters()).dtype)
     if bench["block_size"]:
         drafter = ShorterBlock(drafter, int(bench["block_size"]))
-    return _Models(
-        target=target, tokenizer=tokenizer, drafter=drafter, stop_ids=eos_ids_of(target, tokenizer)
-    )
+    return Models(target=target, tokenizer=tokenizer, drafter=drafter, stop_ids=eos_ids_of(target, tokenizer))
 
 
 def _bench_with(
-    models: _Models, prompt_ids: list[int], *, taps: list[int], bench: dict, seed: int
+    models: Models, prompt_ids: list[int], *, taps: list[int], bench: dict, seed: int
 ) -> list[dict]:
     """`bench_prompt` on the loaded models: the warm-up and the measured prompts make the same call."""
     return bench_prompt(

@@ -1,5 +1,6 @@
 """The bench in vLLM for one prompt set: the bench's prompts, rendered as the bench renders them, served by
-the target alone and with the exported drafter (each in a process of its own), written with a summary."""
+the target alone and with the exported drafter (each in a process of its own), then the drafter's answers
+replayed by draftsmith, written with a summary."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from draftsmith.core.runtime import setup_logging
 from draftsmith.preflight import layer_kinds
 from draftsmith.speculative.bench import part_prompts, prompt_ids_of
 from draftsmith.speculative.engine_compare import engine_summary
+from draftsmith.speculative.engine_replay import engine_text_replay
 from draftsmith.speculative.engine_run import (
     INSTALL,
     drafter_has_sliding_layers,
@@ -31,7 +33,8 @@ from draftsmith.target.mask import eos_ids_on_disk
 # and its V2 runner, which refuses the dflash method (docs/serving.md)
 SLIDING_NOTE = (
     "the drafter has sliding layers: vLLM 0.22 runs every DFlash drafter layer as full attention over the "
-    "block, where draftsmith trains sliding ones causal inside it: acceptance can fall below the replay's"
+    "block, where draftsmith trains sliding ones causal inside it, so the gap on the engine's own answers is "
+    "what that costs; a drafter to serve in vLLM 0.22 is best trained with full layers (docs/serving.md)"
 )
 EAGER_NOTE = (
     "bench.engine.enforce_eager: served without compilation or CUDA graphs, so its tokens/s are not a served "
@@ -113,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         for spec in specs:
             spec["tensor_parallel_size"] = max(1, len(set(devices)))
         passes = {s["name"]: run_pass(s, Path(tmp) / f"{s['name']}.json", env=env) for s in specs}
+        # the engine's processes have ended and let the devices go: draftsmith replays its served answers
+        on_text = engine_text_replay(str(target), a.drafter, ids, passes["dflash"]["outputs"],
+                                     devices=devices, target_cfg=tcfg, bench=bench)  # fmt: skip
     run = {
         "dataset": a.dataset,
         "engine": "vllm",
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         "env": {k: env[k] for k in sorted(env) if k.startswith("VLLM_")},
         "notes": _notes(a.drafter, bench),
         "passes": passes,
+        "replay_on_engine_text": on_text,
     }
     run["summary"] = engine_summary(run)
     write_json(out, run)

@@ -3,29 +3,17 @@ the real DFlash loop must equal greedy decoding token for token; the report coun
 differences."""
 
 import json
-from pathlib import Path
 
 import torch
+from conftest import save_untrained_drafter
 
 from draftsmith.config import with_defaults
-from draftsmith.drafter.config import drafter_config
-from draftsmith.drafter.model import Drafter
-from draftsmith.drafter.zlab import save_zlab
 from draftsmith.report import write_report
 from draftsmith.speculative.bench import run_bench
 
 
-def save_drafter(target: Path, out: Path) -> None:
-    """An untrained 1-layer drafter (block 4, taps 1 and 3) of the target's shape, in z-lab's format."""
-    text = json.loads((target / "config.json").read_text())
-    torch.manual_seed(0)
-    cfg = drafter_config(text, [1, 3], num_layers=1, num_target_layers=text["num_hidden_layers"],
-                         mask_token_id=text["vocab_size"] - 1, block_size=4)  # fmt: skip
-    save_zlab(Drafter(cfg), out)
-
-
 def test_bf16_bench_reruns_prompts_in_fp32_and_reports_them(attention_target, tmp_path):
-    save_drafter(attention_target, tmp_path / "drafter")
+    save_untrained_drafter(attention_target, tmp_path / "drafter")
     prompts = tmp_path / "prompts.jsonl"
     lines = [
         json.dumps({"id": f"p{i}", "prompt": t}) for i, t in enumerate(["def main():", "import os", "x = 1"])
@@ -68,13 +56,13 @@ def test_no_fp32_rerun_where_the_bench_ran_in_fp32(attention_target, tmp_path):
 
 
 def test_the_drafter_is_cast_where_it_is_and_the_target_stays_in_its_dtype(attention_target, tmp_path):
-    from draftsmith.speculative.bench import _load_models
+    from draftsmith.speculative.bench import load_models
     from draftsmith.speculative.proposers import ShorterBlock, fp32_drafter
 
-    save_drafter(attention_target, tmp_path / "drafter")
+    save_untrained_drafter(attention_target, tmp_path / "drafter")
     bench = with_defaults("bench", {"block_size": 3})
     target_cfg = with_defaults("target", {"model": str(attention_target), "dtype": "bf16"})
-    models = _load_models(str(attention_target), str(tmp_path / "drafter"), devices=[],
+    models = load_models(str(attention_target), str(tmp_path / "drafter"), devices=[],
                           target_cfg=target_cfg, bench=bench)  # fmt: skip
     cast = fp32_drafter(models.drafter, bench)
     assert isinstance(cast, ShorterBlock) and cast.block_size == 3
