@@ -111,14 +111,15 @@ def main(argv: list[str] | None = None) -> None:
     stop = stop_ids(eos_ids_on_disk(target), tok)
     specs = _passes(target, a.drafter, ids, bench=bench, stop_ids=stop)
     out = Path(a.out)
-    with acquire(a.gpus) as devices, tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        env = engine_env(devices, bench["engine"]["env"])
+    with acquire(a.gpus) as slots, tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        gpus = list(dict.fromkeys(slots))  # the slots held are every slot of each GPU: one model on each GPU
+        env = engine_env(gpus, bench["engine"]["env"])
         for spec in specs:
-            spec["tensor_parallel_size"] = max(1, len(set(devices)))
+            spec["tensor_parallel_size"] = max(1, len(gpus))
         passes = {s["name"]: run_pass(s, Path(tmp) / f"{s['name']}.json", env=env) for s in specs}
-        # the engine's processes have ended and let the devices go: draftsmith replays its served answers
+        # the engine's processes have ended and let the GPUs go: draftsmith replays its served answers there
         on_text = engine_text_replay(str(target), a.drafter, ids, passes["dflash"]["outputs"],
-                                     devices=devices, target_cfg=tcfg, bench=bench)  # fmt: skip
+                                     devices=gpus, target_cfg=tcfg, bench=bench)  # fmt: skip
     run = {
         "dataset": a.dataset,
         "engine": "vllm",
