@@ -32,9 +32,9 @@ from draftsmith.target.mask import eos_ids_on_disk
 # read from vLLM 0.22.0's DFlash drafter (qwen3_dflash.py), which reads no layer_types nor sliding_window,
 # and its V2 runner, which refuses the dflash method (docs/serving.md)
 SLIDING_NOTE = (
-    "the drafter has sliding layers: vLLM 0.22 runs every DFlash drafter layer as full attention over the "
-    "block, where draftsmith trains sliding ones causal inside it, so the gap on the engine's own answers is "
-    "what that costs; a drafter to serve in vLLM 0.22 is best trained with full layers (docs/serving.md)"
+    "the drafter has sliding layers: vLLM 0.22 runs every DFlash drafter layer as full attention, so a "
+    "sliding layer sees context past its window there, which training never showed it; the gap on the "
+    "engine's own answers is what that costs (docs/serving.md)"
 )
 EAGER_NOTE = (
     "bench.engine.enforce_eager: served without compilation or CUDA graphs, so its tokens/s are not a served "
