@@ -235,6 +235,24 @@ def drafter_problems(config: dict) -> list[str]:
     return layer_types_problems(d["layer_types"] or [], int(d["num_layers"]), d["sliding_window"])
 
 
+def serving_notes(config: dict) -> list[str]:
+    """What an engine will serve otherwise than draftsmith trains it: vLLM 0.22 runs sliding DFlash layers as
+    full attention, so a window shorter than the contexts trained on is one it does not keep
+    (docs/serving.md measures what that costs)."""
+    from draftsmith.drafter.config import SLIDING
+
+    d, length = config["drafter"], int(config["data"]["max_length"])
+    window = d["sliding_window"]
+    if SLIDING not in (d["layer_types"] or []) or not window or int(window) >= length:
+        return []
+    return [
+        f"drafter.sliding_window {window} is shorter than data.max_length {length}: vLLM 0.22 serves sliding "
+        f"DFlash layers as full attention, so past {window} tokens of context they see what training never "
+        "showed them, and accept less (docs/serving.md); SGLang and z-lab's package keep the window. For "
+        "vLLM, set drafter.layer_types to full layers, or drafter.sliding_window to data.max_length"
+    ]
+
+
 def bench_problems(config: dict) -> list[str]:
     """Every bench prompt file on this machine read through, so a bad line stops the run now, not after
     training. Files a job makes (under `results`) and `datasets` names are read by the bench job."""
@@ -309,6 +327,7 @@ def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
     from draftsmith.target.files import text_config
 
     notes = [] if notes is None else notes
+    notes += serving_notes(config)
     problems = model_problems(config) + demo_problems(config) + drafter_problems(config)
     problems += data_problems(config) + bench_problems(config) + thinking_problems(config)
     target_dir = None if problems else parse_time_target(config["target"])

@@ -106,3 +106,20 @@ def test_a_bench_thinking_unlike_the_datas_stops_unless_meant(tmp_path):
     assert any(p.startswith(said) and "bench.thinking_unlike_data: true" in p for p in preflight(cfg))
     cfg["bench"]["thinking_unlike_data"] = True
     assert not any("thinking" in p for p in preflight(cfg))
+
+
+def test_a_window_shorter_than_the_contexts_is_named_for_vllm(tmp_path):
+    """vLLM 0.22 serves a sliding DFlash layer as full attention: where the window is shorter than the
+    contexts trained on, parse time says so, names both keys, and stops nothing."""
+    cfg = config(tmp_path, [{"prompt": "hi"}], regenerate=True)
+    cfg["drafter"] = with_defaults("drafter", {"layer_types": ["sliding_attention", "full_attention"],
+                                               "sliding_window": 64})  # fmt: skip
+    notes: list[str] = []
+    problems = preflight(cfg, notes)
+    assert not any("sliding" in p for p in problems)
+    (note,) = [n for n in notes if "vLLM" in n]
+    assert "drafter.sliding_window 64 is shorter than data.max_length 512" in note
+    cfg["drafter"]["sliding_window"] = 512  # the whole context trained on: vLLM serves what was trained
+    notes = []
+    preflight(cfg, notes)
+    assert not any("vLLM" in n for n in notes)
