@@ -1,10 +1,14 @@
 """The config as code reads it: schema defaults filled as Snakemake fills them, and the preflight checks that
 stop a run before any job (here: taps no serving engine would feed the drafter)."""
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from draftsmith.config import with_defaults
-from draftsmith.preflight import target_problems
+from draftsmith.plan.cli import load_config
+from draftsmith.preflight import preflight, target_problems
 
 TEXT = {"num_hidden_layers": 12, "vocab_size": 1000, "hidden_size": 64}
 
@@ -43,3 +47,30 @@ def test_default_taps_pass():
 def test_taps_no_engine_serves_are_refused(taps, message):
     problems = target_problems(config(**taps), TEXT)
     assert len(problems) == 1 and message in problems[0], problems
+
+
+REPO = Path(__file__).resolve().parents[2]
+# Overlays, each with the files it is passed after (its usage line says so)
+STUDY = "configs/study-smollm2.yaml"
+OVERLAYS = {
+    "configs/demo-fp8.yaml": ["config.yaml"],
+    "configs/demo-sliding.yaml": ["config.yaml"],
+    "configs/study-smollm2-rounds.yaml": [STUDY],
+    "configs/study-smollm2-rounds-2ep.yaml": [STUDY, "configs/study-smollm2-rounds.yaml"],
+    "configs/study-smollm2-40k-6ep.yaml": ["configs/study-smollm2-40k.yaml"],
+}
+CONFIGS = ["config.yaml"] + sorted(f"configs/{p.name}" for p in (REPO / "configs").glob("*.yaml"))
+USERS_RECORDS = "data/"  # where a model preset expects the user's own records and prompts
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_shipped_config_passes_the_schema_and_the_preflight(name, monkeypatch):
+    """A preset or study config that the schema or the parse-time checks would refuse is found here, not on a
+    GPU machine after its staging. Overlays are checked over their bases, and a new one must name its base."""
+    monkeypatch.chdir(REPO)
+    assert name in OVERLAYS or "target" in yaml.safe_load((REPO / name).read_text()), (
+        f"{name} sets no target: an overlay, to be listed in OVERLAYS with the files it goes after"
+    )
+    config = load_config(OVERLAYS.get(name, []) + [name])
+    problems = [p for p in preflight(config) if f": {USERS_RECORDS}" not in p]
+    assert problems == []
