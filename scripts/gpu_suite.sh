@@ -138,6 +138,7 @@ for phase in "$@"; do
         # config that sets its own, as the 40k study's does)
         OVERLAY=${STUDY_OVERLAY-configs/study-smollm2-rounds.yaml}
         if [ "${STUDY_ROUNDS:-0}" = 1 ]; then  # issue 34: the largest size in rounds, the states' peak sampled
+            rm -f /tmp/study/answers.tgz.*  # session A's parts on this machine came back already: watch sends none
             (peak=0; while sleep 1; do
                 now=$(find $R/rounds -name '*.safetensors' -printf '%b\n' 2>/dev/null | awk '{s += $1 * 512} END {print s + 0}')
                 [ "$now" -gt "$peak" ] && peak=$now && echo $peak > /tmp/study/peak
