@@ -1,10 +1,9 @@
-"""The config as code reads it: schema defaults filled as Snakemake fills them, and the preflight checks that
-stop a run before any job (here: taps no serving engine would feed the drafter)."""
-
-from pathlib import Path
+"""The config as code reads it: schema defaults filled as Snakemake fills them, the preflight checks that stop
+a run before any job (taps no serving engine would feed the drafter), and every config shipped here."""
 
 import pytest
 import yaml
+from conftest import REPO
 
 from draftsmith.config import with_defaults
 from draftsmith.plan.cli import load_config
@@ -49,7 +48,6 @@ def test_taps_no_engine_serves_are_refused(taps, message):
     assert len(problems) == 1 and message in problems[0], problems
 
 
-REPO = Path(__file__).resolve().parents[2]
 # Overlays, each with the files it is passed after (its usage line says so)
 STUDY = "configs/study-smollm2.yaml"
 OVERLAYS = {
