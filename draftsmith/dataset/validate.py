@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from draftsmith.dataset.shards import ShardReader, combine_crcs, decode, sample_crc
+from draftsmith.dataset.shards import ShardReader, combine_crcs, sample_crc, stored_faults
 from draftsmith.target.taps import reference_taps
 
 
@@ -65,10 +65,9 @@ def structural_checks(reader: ShardReader, manifest: dict, prepared: pd.DataFram
                     f"sample {i} ({prepared['id'].iloc[i]}): loss mask differs from the prepared shard"
                 )
         raw, scale = reader.raw(i)  # read once: checked for values and for the checksum
-        h = decode(raw, scale, torch.float32)
-        if not torch.isfinite(h).all():
+        nonfinite, zero_rows = stored_faults(raw, scale)
+        if nonfinite:
             failures.append(f"sample {i} ({prepared['id'].iloc[i]}): non-finite hidden states")
-        zero_rows = int((h == 0).all(dim=-1).sum())
         if zero_rows:
             failures.append(f"sample {i} ({prepared['id'].iloc[i]}): {zero_rows} all-zero hidden rows")
         crcs.append(sample_crc(raw, scale))

@@ -11,7 +11,14 @@ from transformers import AutoModelForCausalLM
 from draftsmith.config import default_taps
 from draftsmith.dataset.extract import extract_samples
 from draftsmith.dataset.plan import make_batches
-from draftsmith.dataset.shards import ShardReader, ShardWriter, combine_crcs
+from draftsmith.dataset.shards import (
+    ShardReader,
+    ShardWriter,
+    combine_crcs,
+    decode,
+    quantize_fp8,
+    stored_faults,
+)
 from draftsmith.dataset.validate import default_tolerance, recompute_checks, structural_checks
 from draftsmith.target.kernels import kernels_follow_device, report_kernels
 from draftsmith.target.layers import has_linear_attention, mixer_module
@@ -106,6 +113,55 @@ def test_validation_catches_zeroed_and_wrong_layer_states(hybrid_target, tmp_pat
     assert structural_checks(reader, manifest, samples) == []  # looks fine on its own...
     fails, _ = recompute_checks(model, reader, manifest, k=2, tol=0.02, seed=0)
     assert fails and "relative error" in fails[0]  # ...but the recomputation catches it
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_the_stored_bits_check_agrees_with_decoding_every_value(storage):
+    """Validation reads a shard's faults from its stored bits, not from decoded values: on rows of every kind
+    of fault, both must give the same answer."""
+    torch.manual_seed(0)
+    x = torch.randn(12, 40) * 3
+    x[1] = 0.0  # an all-zero row
+    x[2] = -0.0  # zeros with the sign bit set
+    x[3, :39] = 0.0  # one value short of zero
+    x[4, 7] = 1e-30  # rounds to zero in fp8 (relative to the row's scale) but not in bf16
+    x[4, 8] = 1.0
+    cases = {"clean": x}
+    for name, row, value in [("nan", 5, float("nan")), ("inf", 6, float("inf")), ("-inf", 7, -float("inf"))]:
+        bad = x.clone()
+        bad[row, 3] = value
+        cases[name] = bad
+
+    def decoded(hidden, scale):
+        h = decode(hidden, scale, torch.float32)
+        return not bool(torch.isfinite(h).all()), int((h == 0).all(dim=-1).sum())
+
+    for name, values in cases.items():
+        if storage == "fp8":
+            hidden, scale = quantize_fp8(torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0))
+            if name != "clean":  # float8 e4m3fn has no infinity: a fault is its NaN byte
+                hidden = hidden.clone()
+                hidden.view(torch.uint8)[5, 3] = 0x7F if name != "-inf" else 0xFF
+        else:
+            hidden, scale = values.to(torch.bfloat16), None
+        assert stored_faults(hidden, scale) == decoded(hidden, scale), (storage, name)
+        assert stored_faults(hidden, scale)[1] >= 2, (storage, name)  # the zero rows are seen
+    if storage == "fp8":  # a zero scale zeroes its row; a scale past overflow is non-finite
+        hidden, scale = quantize_fp8(x)
+        scale[0] = 0.0
+        assert stored_faults(hidden, scale) == decoded(hidden, scale) == (False, 3)
+        scale[0] = float("inf")
+        assert stored_faults(hidden, scale)[0] and decoded(hidden, scale)[0]
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_the_validation_benchmark_times_both_checks_on_a_real_shard(storage, capsys):
+    from draftsmith.perf.bench_validate import main
+
+    main(["--samples", "6", "--tokens", "16", "--width", "64", "--storage", storage, "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "6 samples" in out and f"({storage})" in out
+    assert "| stored bits (structural_checks) |" in out and "decoded / stored bits: " in out
 
 
 def test_make_batches_respects_budget_and_sorts():
