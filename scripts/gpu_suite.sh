@@ -188,7 +188,10 @@ for phase in "$@"; do
         # prompt files are under inputs
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' $R 2>/dev/null
-        cp $R/rates.json $R/plan.json $R/plan/measured.md "$OUT/" 2>/dev/null
+        # the largest size's exported drafter (about 25 MB) once it exists: a session that ends before the
+        # benches can still bench it on another machine (the plan, the rates and measured.md are in the tarball;
+        # a call brings back 8 files at most)
+        [ -f $R/drafter/model.safetensors ] && tar czf "$OUT/drafter.tgz" -C $R drafter
         # the sweep's logs where one ran (a call brings back 8 files at most)
         [ -d /tmp/sweep ] && tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
         cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
