@@ -137,10 +137,16 @@ def _cached_answer_tokens(results: Path) -> np.ndarray | None:
     on a machine that an earlier session's answers were carried to), or extraction's cache."""
     import pandas as pd
 
-    answers = {p.name: p for p in sorted((results / "answers").glob("*.parquet"))}
-    for p in sorted((results / "answers" / "cache").glob("*.parquet")):
-        answers.setdefault(p.name, p)  # the same answers as answers/<shard>.parquet, where both exist
-    files = list(answers.values()) + sorted((results / "extract/regen").glob("*.parquet"))
+    joined = sorted((results / "answers").glob("*.parquet"))  # answers/<shard>.parquet
+    shards = {p.name.split(".")[0] for p in joined}
+    # the cache holds the same answers as answers/<shard>.parquet, where both exist: one file a shard, or one
+    # a regeneration job (<shard>.j<k>.parquet)
+    cached = [
+        p
+        for p in sorted((results / "answers" / "cache").glob("*.parquet"))
+        if p.name.split(".")[0] not in shards
+    ]
+    files = joined + cached + sorted((results / "extract/regen").glob("*.parquet"))
     if not files:
         return None
     parts = [pd.read_parquet(f, columns=["num_tokens", "prompt_len"]) for f in files]

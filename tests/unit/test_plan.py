@@ -389,6 +389,14 @@ def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path
     assert size.answer_tokens == 200 and "the mean of 2 cached" in size.source
     os.link(tmp_path / "answers/cache/shard000.parquet", tmp_path / "answers/shard000.parquet")
     assert "the mean of 2 cached" in measured(tmp_path, data).source
+    # a shard answered by several regeneration jobs: its cache holds one file a job, beside the joined file
+    (tmp_path / "answers/cache/shard000.parquet").unlink()
+    answers.iloc[:1].to_parquet(tmp_path / "answers/cache/shard000.j0.parquet")
+    answers.iloc[1:].to_parquet(tmp_path / "answers/cache/shard000.j1.parquet")
+    assert "the mean of 2 cached" in measured(tmp_path, data).source
+    (tmp_path / "answers/shard000.parquet").unlink()  # the cache alone, as carried to a fresh machine
+    size = measured(tmp_path, data)
+    assert "the mean of 2 cached" in size.source and size.answer_tokens == 200
 
 
 def test_a_timing_process_that_dies_stops_the_others_and_fails_the_job():
