@@ -449,5 +449,8 @@ def rounds_problems(config: dict, rounds: int) -> list[str]:
             "or give a budget that holds every hidden state"
         )
     if config["train"]["max_samples"] or config["train"]["max_steps"]:
-        problems.append("train.max_samples / train.max_steps: not used in rounds; set them to null")
+        problems.append(
+            f"train.max_samples / train.max_steps: not used in {rounds} rounds; set them to null, or give a "
+            "budget that holds every hidden state (extract.disk_budget)"
+        )
     return problems

@@ -19,7 +19,7 @@ from draftsmith.config import with_defaults
 from draftsmith.core.units import parse_size
 from draftsmith.dataset.shards import ShardWriter
 from draftsmith.plan.hours import job_counts
-from draftsmith.plan.plan import PlanError, decide_rounds
+from draftsmith.plan.plan import PlanError, decide_rounds, rounds_problems
 from draftsmith.plan.rounds import (
     answer_jobs,
     extracted_epoch,
@@ -162,6 +162,18 @@ def test_rounds_as_few_as_fit_and_a_budget_below_one_round_is_refused():
     assert decide_rounds(1e6, 300_000, **kw)[0] == 4  # (0.95 MB) / (0.3 MB - 50 KB held out - 4 KB slack)
     with pytest.raises(PlanError, match=r"extract.disk_budget.*smallest round.*fp8"):
         decide_rounds(1e6, 50_000, **kw)
+
+
+def test_what_rounds_cannot_train_is_named_with_the_way_out():
+    """A subset of the training split (train.max_samples) is refused in rounds, and the problem says which
+    key lifts it: a budget that holds every state makes one round, where it is allowed."""
+    sections = {s: with_defaults(s) for s in ("train", "data", "extract", "study")}
+    config = {**sections, "train": with_defaults("train", {"max_samples": 21088, "epochs": 12})}
+    assert rounds_problems(config, 1) == []
+    (problem,) = rounds_problems(config, 3)
+    assert "train.max_samples" in problem and "3 rounds" in problem and "extract.disk_budget" in problem
+    config["train"] = with_defaults("train", {"epochs": 2.5})
+    assert any("whole number" in p for p in rounds_problems(config, 3))
 
 
 def test_rounds_in_flight_share_the_budget():
