@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -85,11 +86,19 @@ def cache_key(target: dict, regen: dict, max_length: int, samples: pd.DataFrame)
 
 
 def regenerate_cached(
-    model, tokenizer, samples: pd.DataFrame, cache: Path, key: str, **kwargs
+    model,
+    tokenizer,
+    samples: pd.DataFrame,
+    cache: Path,
+    key: str,
+    *,
+    elsewhere: Callable[[], pd.DataFrame | None] | None = None,
+    **kwargs,
 ) -> tuple[pd.DataFrame, RegenStats | None]:
     """`regenerate`, with the answers kept in `cache` (a parquet file and its key beside it): a rerun of the
     job (a retry after running out of memory in extraction, a killed job, new taps or storage) reuses them
-    instead of decoding for hours again. Stats are None when the answers were reused."""
+    instead of decoding for hours again. `elsewhere` looks for them in the run's other answer files before
+    anything is decoded. Stats are None when the answers were reused."""
     stamp = cache.with_suffix(".json")
     try:
         if json.loads(stamp.read_text()).get("key") == key:
@@ -103,10 +112,56 @@ def regenerate_cached(
                 return done, None
     except (OSError, ValueError, KeyError):
         pass  # no cache, or a torn one: decode
-    out, stats = regenerate(model, tokenizer, samples, **kwargs)
+    found = elsewhere() if elsewhere is not None else None
+    if found is not None:
+        out, stats = found, None
+    else:
+        out, stats = regenerate(model, tokenizer, samples, **kwargs)
     write_parquet(out, cache)
     write_json(stamp, {"key": key, "answers": len(out)})
     return out, stats
+
+
+def answer_files(results: Path) -> list[Path]:
+    """Every answer cache file of a run, in either layout: the regeneration jobs' (answers/cache/, one file a
+    shard or a job) and the one-round extraction jobs' (extract/regen/)."""
+    return sorted((results / "answers" / "cache").glob("*.parquet")) + sorted(
+        (results / "extract" / "regen").glob("*.parquet")
+    )
+
+
+def answered_elsewhere(
+    samples: pd.DataFrame, files: list[Path], key_of: Callable[[pd.DataFrame], str]
+) -> pd.DataFrame | None:
+    """The answers to `samples` gathered from answer files written in another layout (rounds and one round,
+    another jobs_per_shard or shard count), or None unless every sample has one. A file counts only when its
+    stamp's key is the key of its own rows now (the same target, decoding settings and prompts), and a sample
+    only when its prompt is the one asked about."""
+    valid = []
+    for f in files:
+        try:
+            key = json.loads(f.with_suffix(".json").read_text()).get("key")
+            df = pd.read_parquet(f)
+        except (OSError, ValueError):
+            continue
+        if key == key_of(df):
+            valid.append(df)
+    if not valid:
+        return None
+    pool = pd.concat(valid, ignore_index=True).drop_duplicates("id").set_index("id", drop=False)
+    ids = samples["id"].tolist()
+    if not set(ids) <= set(pool.index):
+        return None
+    out = pool.loc[ids].reset_index(drop=True)
+    for asked, have, pl in zip(samples["input_ids"], out["input_ids"], samples["prompt_len"]):
+        if not np.array_equal(np.asarray(asked[:pl]), np.asarray(have[:pl])):
+            return None
+    log.info(
+        "regeneration: reusing %d answers from %d answer file(s) of this run's other layout",
+        len(out),
+        len(valid),
+    )
+    return out
 
 
 def regenerate_shard(
@@ -115,20 +170,47 @@ def regenerate_shard(
     """The extract job's regeneration: answers kept beside the shards (extract/regen/), reused by any rerun; a
     retry after running out of memory passes half the slots."""
     cache = shard_out.parent / "regen" / f"{shard_out.stem}.parquet"
-    return regenerate_into(model, tokenizer, samples, cache, target=target, data=data, slots=slots)
+    return regenerate_into(
+        model,
+        tokenizer,
+        samples,
+        cache,
+        target=target,
+        data=data,
+        slots=slots,
+        results=shard_out.parent.parent,
+    )
 
 
 def regenerate_into(
-    model, tokenizer, samples: pd.DataFrame, cache: Path, *, target: dict, data: dict, slots: int
+    model,
+    tokenizer,
+    samples: pd.DataFrame,
+    cache: Path,
+    *,
+    target: dict,
+    data: dict,
+    slots: int,
+    results: Path | None = None,
 ) -> tuple[pd.DataFrame, RegenStats | None]:
-    """`regenerate_cached` with the config's `data` and `target` sections: the answers in `cache`."""
+    """`regenerate_cached` with the config's `data` and `target` sections: the answers in `cache`, or in the
+    other answer files of the run under `results` (a change of layout decodes nothing again)."""
     regen, max_length = data["regenerate"], int(data["max_length"])
+
+    def key_of(rows: pd.DataFrame) -> str:
+        return cache_key(target, regen, max_length, rows)
+
+    def elsewhere() -> pd.DataFrame | None:
+        files = [] if results is None else [f for f in answer_files(results) if f != cache]
+        return answered_elsewhere(samples, files, key_of) if files else None
+
     return regenerate_cached(
         model,
         tokenizer,
         samples,
         cache,
-        cache_key(target, regen, max_length, samples),
+        key_of(samples),
+        elsewhere=elsewhere,
         max_new_tokens=int(regen["max_new_tokens"]),
         temperature=float(regen["temperature"]),
         max_length=max_length,

@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     with acquire(read_json(args.probe)["gpus_per_copy"]) as devices:
         model, tok, _ = load_configured_target(resolve_target(args.target), devices, tcfg)
         try:
-            answered, stats = regenerate_into(model, tok, samples, cache, target=tcfg, data=dcfg, slots=slots)
+            answered, stats = regenerate_into(
+                model, tok, samples, cache, target=tcfg, data=dcfg, slots=slots, results=out.parent.parent
+            )
             judged = judge(answered, tok, eos_ids_of(model, tok), data=dcfg, shard=out.stem)
         except torch.OutOfMemoryError as e:
             sys.exit(

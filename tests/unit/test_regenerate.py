@@ -224,6 +224,44 @@ def test_answers_are_kept_for_a_rerun(model, tmp_path):
     assert stats is not None
 
 
+def test_answers_made_in_one_layout_are_found_in_another(model, tmp_path):
+    """Answers made by a run in rounds (answers/cache/, one file a regeneration job) are found by the same
+    run's extraction in one round (extract/regen/), however the shards cut the samples now: a change of disk
+    budget, jobs_per_shard or shard count decodes nothing again. Other decoding settings decode again."""
+    from draftsmith.config import with_defaults
+    from draftsmith.dataset.regenerate import regenerate_into, regenerate_shard
+    from draftsmith.plan.rounds import job_rows
+
+    samples = _samples(_prompts())
+    target = {"model": "tiny"}
+    data = with_defaults("data", {"max_length": 64, "regenerate": {"enabled": True, "max_new_tokens": 6}})
+    results = tmp_path / "results"
+    for job in (0, 1):  # a shard answered by two regeneration jobs, every other sample each
+        rows = samples.iloc[job_rows(len(samples), job, 2)].reset_index(drop=True)
+        cache = results / "answers" / "cache" / f"shard000.j{job}.parquet"
+        _, stats = regenerate_into(
+            model, Tok(), rows, cache, target=target, data=data, slots=4, results=results
+        )
+        assert stats is not None  # the other job's file holds none of these samples: decoded
+    made = pd.concat([pd.read_parquet(f) for f in sorted((results / "answers/cache").glob("*.parquet"))])
+    made = made.set_index("id")
+    shard_out = results / "extract" / "shard000.safetensors"
+    reordered = samples.iloc[::-1].reset_index(drop=True)  # another cut of the samples into shards
+    got, stats = regenerate_shard(
+        model, Tok(), reordered, shard_out=shard_out, target=target, data=data, slots=4
+    )
+    assert stats is None and got["id"].tolist() == reordered["id"].tolist()
+    for i, ids in zip(got["id"], got["input_ids"]):
+        assert np.array_equal(ids, made.loc[i, "input_ids"])
+    assert (results / "extract/regen/shard000.parquet").exists()  # kept in this layout's cache as well
+    longer = with_defaults("data", {"max_length": 64, "regenerate": {"enabled": True, "max_new_tokens": 5}})
+    other_out = results / "extract" / "shard001.safetensors"
+    _, stats = regenerate_shard(
+        model, Tok(), samples, shard_out=other_out, target=target, data=longer, slots=4
+    )
+    assert stats is not None  # other settings: no file's key is the key of its rows under them
+
+
 def test_plan_slots_fits_memory_and_says_what_to_lower(model, caplog):
     """The GPU path of `regenerate` sizes its slots with this, from the free memory nvidia reports."""
     from draftsmith.engine.memory import NoRoomForAnswers, fit_slots, plan_slots, prefill_reserve

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -301,6 +302,26 @@ def test_answers_carried_to_a_fresh_machine_are_not_decoded_again(rounds_run, tm
         assert "reusing" in log and "regenerated" not in log, log[-2000:]
         answers = res / f"answers/{shard}.parquet"
         assert digest(answers) == digest(rounds_run["res"] / f"answers/{shard}.parquet")
+
+
+def test_answers_made_in_rounds_are_not_decoded_again_in_one_round(rounds_run, tmp_path):
+    """A budget that now holds every state (one round, where extraction answers the prompts itself) finds the
+    answers the regeneration jobs made in rounds: changing the disk budget decodes nothing again."""
+    cfg = yaml.safe_load(rounds_run["config"].read_text())
+    res = tmp_path / "results"
+    cfg["results"] = str(res)
+    cfg["extract"]["disk_budget"] = "1TB"
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(cfg))
+    shutil.copytree(rounds_run["res"] / "answers/cache", res / "answers/cache")
+    assert "extract_round" not in job_counts(snakemake("-n", "--configfile", str(tmp_path / "one.yaml")).stdout)
+    snakemake("--configfile", str(tmp_path / "one.yaml"), "--until", "extract")
+    for shard in ("shard000", "shard001"):
+        log = (res / f"logs/extract/{shard}.log").read_text()
+        assert "reusing" in log and "regenerated" not in log, log[-2000:]
+        made = pd.read_parquet(rounds_run["res"] / f"answers/{shard}.parquet")
+        got = pd.read_parquet(res / f"extract/regen/{shard}.parquet")
+        assert got["id"].tolist() == made["id"].tolist()
+        assert all(np.array_equal(a, b) for a, b in zip(got["input_ids"], made["input_ids"]))
 
 
 def test_several_jobs_answer_a_shard_and_join_its_answers_in_order(rounds_run, tmp_path):
