@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     samples = samples.iloc[job_rows(len(samples), args.job, args.jobs)].reset_index(drop=True)
     slots = max(1, int(dcfg["regenerate"]["batch_size"]) // max(1, args.budget_div))
     # the answers are made in a cache beside the output: Snakemake deletes a failed job's outputs, and a shard
-    # whose answers fail a check must keep them for the rerun with another threshold
-    cache = out.parent / "cache" / out.name
+    # whose answers fail a check must keep them for the rerun with another threshold. A job's file is named by
+    # its share too, so that another count of jobs writes beside it: its jobs find their answers there
+    cache = out.parent / "cache" / (out.name if args.jobs == 1 else f"{out.stem}.of{args.jobs}.parquet")
     with acquire(read_json(args.probe)["gpus_per_copy"]) as devices:
         model, tok, _ = load_configured_target(resolve_target(args.target), devices, tcfg)
         try:

@@ -1,5 +1,7 @@
 """The regeneration engine against Transformers' own `generate`, on tiny real targets of both layer kinds."""
 
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -260,6 +262,14 @@ def test_answers_made_in_one_layout_are_found_in_another(model, tmp_path):
         model, Tok(), samples, shard_out=other_out, target=target, data=longer, slots=4
     )
     assert stats is not None  # other settings: no file's key is the key of its rows under them
+    shutil.rmtree(results / "extract")  # the rounds' files alone again
+    for job in (0, 1, 2):  # three jobs a shard now, each with its own file beside the two jobs' files
+        rows = samples.iloc[job_rows(len(samples), job, 3)].reset_index(drop=True)
+        cache = results / "answers" / "cache" / f"shard000.j{job}.of3.parquet"
+        _, stats = regenerate_into(
+            model, Tok(), rows, cache, target=target, data=data, slots=4, results=results
+        )
+        assert stats is None, job
 
 
 def test_plan_slots_fits_memory_and_says_what_to_lower(model, caplog):
