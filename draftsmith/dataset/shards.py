@@ -85,28 +85,27 @@ def decode(
     return dequantize_fp8(hidden, scale, dtype) if scale is not None else hidden.to(dtype)
 
 
-# the stored bits of a non-finite value and of a zero, with the sign bit masked off: float8 e4m3fn has NaN
-# (S.1111.111) and no infinity; bfloat16 has an all-ones exponent for both
-_FP8_NAN, _FP8_MAGNITUDE = 0x7F, 0x7F
-_BF16_EXPONENT, _BF16_MAGNITUDE = 0x7F80, 0x7FFF
+# float8 e4m3fn's 128 magnitudes by their low 7 bits, in fp32 (0x7F is NaN, and the largest code): a row's
+# largest byte gives its largest value, since the decode's rounding keeps the order
+_FP8_MAGNITUDES = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+_BF16_EXPONENT, _BF16_MAGNITUDE = 0x7F80, 0x7FFF  # bfloat16: an all-ones exponent is inf or NaN
 
 
 def stored_faults(hidden: torch.Tensor, scale: torch.Tensor | None) -> tuple[bool, int]:
     """(any non-finite value, rows of all zeros) of one sample's states, read from the stored bits.
 
     The same answer as decoding to fp32 and testing the values, without the decode: validation reads every
-    byte of every shard, and the decode was most of a validation job's time. An fp8 row decodes to zeros when
-    its bytes are zeros or its scale is; a scale that would overflow any value counts as non-finite."""
+    byte of every shard, and the decode was most of a validation job's time. An fp8 row's decoded values are
+    its magnitudes times its scale, so the row's largest magnitude times the scale is non-finite exactly when
+    one of them is, and zero exactly when all of them are."""
     if scale is not None:
-        x = hidden.contiguous().view(torch.uint8).numpy() & _FP8_MAGNITUDE  # [t, width]
-        s = scale.to(torch.float32).numpy()
-        nonfinite = bool((x == _FP8_NAN).any()) or not bool(np.isfinite(s * np.float32(FP8_MAX)).all())
-        zero = (x.max(axis=1, initial=0) == 0) | (s == 0)
-    else:
-        u = hidden.contiguous().view(torch.int16).numpy()  # [t, width], bf16 bits
-        nonfinite = bool(((u & _BF16_EXPONENT) == _BF16_EXPONENT).any())
-        zero = (u & _BF16_MAGNITUDE).max(axis=1, initial=0) == 0
-    return nonfinite, int(zero.sum())
+        x = hidden.contiguous().view(torch.uint8).numpy() & 0x7F  # [t, width] magnitude codes
+        with np.errstate(over="ignore", invalid="ignore"):
+            top = _FP8_MAGNITUDES[x.max(axis=1, initial=0)] * scale.to(torch.float32).numpy()  # [t]
+        return not bool(np.isfinite(top).all()), int((top == 0).sum())
+    u = hidden.contiguous().view(torch.int16).numpy()  # [t, width], bf16 bits
+    nonfinite = bool(((u & _BF16_EXPONENT) == _BF16_EXPONENT).any())
+    return nonfinite, int(((u & _BF16_MAGNITUDE).max(axis=1, initial=0) == 0).sum())
 
 
 def hidden_value_bytes(storage: str) -> int:

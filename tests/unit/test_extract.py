@@ -146,12 +146,24 @@ def test_the_stored_bits_check_agrees_with_decoding_every_value(storage):
             hidden, scale = values.to(torch.bfloat16), None
         assert stored_faults(hidden, scale) == decoded(hidden, scale), (storage, name)
         assert stored_faults(hidden, scale)[1] >= 2, (storage, name)  # the zero rows are seen
-    if storage == "fp8":  # a zero scale zeroes its row; a scale past overflow is non-finite
+    if storage == "fp8":  # scales no quantizer writes, but a damaged file may hold
         hidden, scale = quantize_fp8(x)
         scale[0] = 0.0
         assert stored_faults(hidden, scale) == decoded(hidden, scale) == (False, 3)
-        scale[0] = float("inf")
-        assert stored_faults(hidden, scale)[0] and decoded(hidden, scale)[0]
+        tiny = torch.zeros(2, 40, dtype=torch.uint8)
+        tiny[:, 0] = 0x01  # the smallest subnormal byte
+        for s0, s1, codes in [
+            (0.0, 1.0, {(0, 5): 0x7F}),  # a NaN byte in a row whose scale is zero
+            (float("inf"), float("nan"), {}),  # zero bytes under an infinite or NaN scale
+            (1e38, 1.0, {(0, 5): 0x10}),  # a small value that a huge scale leaves finite...
+            (1e38, 1.0, {(0, 5): 0x7E}),  # ...and the largest, which it does not
+            (1e-45, 1.0, {}),  # a subnormal scale that zeroes the smallest value in fp32
+        ]:
+            q = tiny.clone()
+            for at, code in codes.items():
+                q[at] = code
+            hidden, scale = q.view(torch.float8_e4m3fn), torch.tensor([s0, s1])
+            assert stored_faults(hidden, scale) == decoded(hidden, scale), (s0, s1, codes)
 
 
 @pytest.mark.parametrize("storage", ["bf16", "fp8"])
