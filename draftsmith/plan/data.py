@@ -133,22 +133,18 @@ def measured(results: str | Path, data: dict) -> DataSize | None:
 
 
 def _cached_answer_tokens(results: Path) -> np.ndarray | None:
-    """Answer lengths of every answer file written so far: the regenerate rule's (its cache included, alone
-    on a machine that an earlier session's answers were carried to), or extraction's cache."""
+    """Answer lengths of every answer written so far, each sample once: the regenerate rule's files (its
+    joined and per-job outputs, and its cache, alone on a machine that an earlier session's answers were
+    carried to) and extraction's cache hold the same answers several times over."""
     import pandas as pd
 
-    joined = sorted((results / "answers").glob("*.parquet"))  # answers/<shard>.parquet
-    shards = {p.name.split(".")[0] for p in joined}
-    # the cache holds the same answers as answers/<shard>.parquet, where both exist: one file a shard, or one
-    # a regeneration job (<shard>.j<k>.parquet)
-    cached = [
-        p
-        for p in sorted((results / "answers" / "cache").glob("*.parquet"))
-        if p.name.split(".")[0] not in shards
+    files = [
+        *sorted((results / "answers").glob("*.parquet")),
+        *sorted((results / "answers" / "cache").glob("*.parquet")),
+        *sorted((results / "extract/regen").glob("*.parquet")),
     ]
-    files = joined + cached + sorted((results / "extract/regen").glob("*.parquet"))
     if not files:
         return None
-    parts = [pd.read_parquet(f, columns=["num_tokens", "prompt_len"]) for f in files]
-    df = pd.concat(parts)
+    parts = [pd.read_parquet(f, columns=["id", "num_tokens", "prompt_len"]) for f in files]
+    df = pd.concat(parts).drop_duplicates("id")
     return (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.float64)

@@ -395,7 +395,7 @@ def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path
     prompts.to_parquet(tmp_path / "prepared/samples.parquet")
     assert measured(tmp_path, data).answer_tokens == 512  # no answers yet: the bound
     (tmp_path / "answers/cache").mkdir(parents=True)
-    answers = pd.DataFrame({"num_tokens": [110, 320], "prompt_len": [10, 20]})  # answers of 100 and 300
+    answers = pd.DataFrame({"id": ["a", "b"], "num_tokens": [110, 320], "prompt_len": [10, 20]})  # 100, 300
     answers.to_parquet(tmp_path / "answers/cache/shard000.parquet")
     size = measured(tmp_path, data)
     assert size.answer_tokens == 200 and "the mean of 2 cached" in size.source
@@ -406,7 +406,13 @@ def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path
     answers.iloc[:1].to_parquet(tmp_path / "answers/cache/shard000.j0.parquet")
     answers.iloc[1:].to_parquet(tmp_path / "answers/cache/shard000.j1.parquet")
     assert "the mean of 2 cached" in measured(tmp_path, data).source
-    (tmp_path / "answers/shard000.parquet").unlink()  # the cache alone, as carried to a fresh machine
+    for j in (0, 1):  # the answering jobs' own outputs stay beside the joined file
+        os.link(
+            tmp_path / f"answers/cache/shard000.j{j}.parquet", tmp_path / f"answers/shard000.j{j}.parquet"
+        )
+    assert "the mean of 2 cached" in measured(tmp_path, data).source
+    for f in (tmp_path / "answers").glob("*.parquet"):
+        f.unlink()  # the cache alone, as carried to a fresh machine
     size = measured(tmp_path, data)
     assert "the mean of 2 cached" in size.source and size.answer_tokens == 200
 
