@@ -137,25 +137,34 @@ def answered_elsewhere(
     another jobs_per_shard or shard count), or None unless every sample has one. A file counts only when its
     stamp's key is the key of its own rows now (the same target, decoding settings and prompts), and a sample
     only when its prompt is the one asked about."""
-    valid = []
+
+    def prompt(ids, pl) -> bytes:
+        return np.asarray(ids[:pl], dtype=np.int64).tobytes()
+
+    asked = {
+        i: prompt(ids, pl) for i, ids, pl in zip(samples["id"], samples["input_ids"], samples["prompt_len"])
+    }
+    valid: list[pd.DataFrame] = []
+    found: dict[str, tuple[int, int]] = {}  # sample id -> (file, row)
     for f in files:
         try:
             key = json.loads(f.with_suffix(".json").read_text()).get("key")
             df = pd.read_parquet(f)
         except (OSError, ValueError):
             continue
-        if key == key_of(df):
-            valid.append(df)
-    if not valid:
+        if key != key_of(df):
+            continue
+        for row, (i, ids, pl) in enumerate(zip(df["id"], df["input_ids"], df["prompt_len"])):
+            if i in asked and i not in found and prompt(ids, pl) == asked[i]:  # the same prompt, cut the same
+                found[i] = (len(valid), row)
+        valid.append(df)
+    if len(found) < len(asked):
         return None
-    pool = pd.concat(valid, ignore_index=True).drop_duplicates("id").set_index("id", drop=False)
-    ids = samples["id"].tolist()
-    if not set(ids) <= set(pool.index):
-        return None
-    out = pool.loc[ids].reset_index(drop=True)
-    for asked, have, pl in zip(samples["input_ids"], out["input_ids"], samples["prompt_len"]):
-        if not np.array_equal(np.asarray(asked[:pl]), np.asarray(have[:pl])):
-            return None
+    rows: dict[int, list[int]] = {}
+    for k, row in found.values():
+        rows.setdefault(k, []).append(row)
+    pool = pd.concat([valid[k].iloc[r] for k, r in rows.items()]).set_index("id", drop=False)
+    out = pool.loc[samples["id"].tolist()].reset_index(drop=True)
     log.info(
         "regeneration: reusing %d answers from %d answer file(s) of this run's other layout",
         len(out),

@@ -262,6 +262,11 @@ def test_answers_made_in_one_layout_are_found_in_another(model, tmp_path):
         model, Tok(), samples, shard_out=other_out, target=target, data=longer, slots=4
     )
     assert stats is not None  # other settings: no file's key is the key of its rows under them
+    cut = samples.copy()
+    cut.loc[0, "prompt_len"] -= 1  # a prompt that is a prefix of the one answered: not the same prompt
+    other_out = results / "extract" / "shard002.safetensors"
+    _, stats = regenerate_shard(model, Tok(), cut, shard_out=other_out, target=target, data=data, slots=4)
+    assert stats is not None
     shutil.rmtree(results / "extract")  # the rounds' files alone again
     for job in (0, 1, 2):  # three jobs a shard now, each with its own file beside the two jobs' files
         rows = samples.iloc[job_rows(len(samples), job, 3)].reset_index(drop=True)
