@@ -130,7 +130,7 @@ for phase in "$@"; do
         if [ "${STUDY_ANSWERS:-0}" = 1 ]; then  # issue 37's first session: the answers alone, packed for the next
             study answers answers --configfile $CFG ${STUDY_EXTRA:-}
             echo "study exit $?" >> $LOG
-            tar czf - -C $R answers/cache | split -b 30m - /tmp/study/answers.tgz.  # the cache: keyed by content
+            tar czf - -C $R answers/cache | split -b 15m - /tmp/study/answers.tgz.  # the cache: keyed by content
             kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
             exit 0
         fi
@@ -180,7 +180,8 @@ for phase in "$@"; do
         grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
         grep -l -i -E "traceback" $R/logs/*.log $R/logs/*/*.log $R/logs/*/*/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
         cp /tmp/study/*.log /tmp/study/*.json "$OUT/" 2>/dev/null
-        # the answer cache's parts (30 MB each; ANSWER_PARTS, e.g. 'aa ab', when they pass a call's 64 MiB)
+        # the answer cache's parts (15 MB each: a call brings back 16 MiB a file, 64 MiB in all; ANSWER_PARTS,
+        # e.g. 'aa ab', picks some when they pass that)
         for part in ${ANSWER_PARTS:-$(ls /tmp/study 2>/dev/null | sed -n 's/^answers\.tgz\.//p')}; do
             cp /tmp/study/answers.tgz.$part "$OUT/"
         done
@@ -188,10 +189,10 @@ for phase in "$@"; do
         # prompt files are under inputs
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' $R 2>/dev/null
-        # the largest size's exported drafter (about 25 MB) once it exists: a session that ends before the
-        # benches can still bench it on another machine (the plan, the rates and measured.md are in the tarball;
-        # a call brings back 8 files at most)
-        [ -f $R/drafter/model.safetensors ] && tar czf "$OUT/drafter.tgz" -C $R drafter
+        # the largest size's exported drafter (about 25 MB, in 15 MB parts) once it exists: a session that ends
+        # before the benches can still bench it on another machine (the plan, the rates and measured.md are in
+        # the tarball; a call brings back 8 files at most, 16 MiB each)
+        [ -f $R/drafter/model.safetensors ] && tar czf - -C $R drafter | split -b 15m - "$OUT/drafter.tgz."
         # the sweep's logs where one ran (a call brings back 8 files at most)
         [ -d /tmp/sweep ] && tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
         cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
