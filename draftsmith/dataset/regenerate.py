@@ -16,6 +16,7 @@ from draftsmith.core.gpu_memory import job_memory
 from draftsmith.core.io import write_json, write_parquet
 from draftsmith.engine.engine import Engine, RegenStats
 from draftsmith.engine.memory import plan_slots
+from draftsmith.plan.data import answer_files
 from draftsmith.target.load import eos_ids_of
 
 log = logging.getLogger(__name__)
@@ -120,14 +121,6 @@ def regenerate_cached(
     write_parquet(out, cache)
     write_json(stamp, {"key": key, "answers": len(out)})
     return out, stats
-
-
-def answer_files(results: Path) -> list[Path]:
-    """Every answer cache file of a run, in either layout: the regeneration jobs' (answers/cache/, one file a
-    shard or a job) and the one-round extraction jobs' (extract/regen/)."""
-    return sorted((results / "answers" / "cache").glob("*.parquet")) + sorted(
-        (results / "extract" / "regen").glob("*.parquet")
-    )
 
 
 def answered_elsewhere(

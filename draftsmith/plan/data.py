@@ -132,17 +132,21 @@ def measured(results: str | Path, data: dict) -> DataSize | None:
     return _sized(len(df), prompt, answer, data, source=source, bounded=bounded)
 
 
+def answer_files(results: Path) -> list[Path]:
+    """Every answer cache file of a run, in either layout: the regeneration jobs' (answers/cache/, one file a
+    shard or a job) and the one-round extraction jobs' (extract/regen/)."""
+    return sorted((results / "answers" / "cache").glob("*.parquet")) + sorted(
+        (results / "extract" / "regen").glob("*.parquet")
+    )
+
+
 def _cached_answer_tokens(results: Path) -> np.ndarray | None:
     """Answer lengths of every answer written so far, each sample once: the regenerate rule's files (its
     joined and per-job outputs, and its cache, alone on a machine that an earlier session's answers were
     carried to) and extraction's cache hold the same answers several times over."""
     import pandas as pd
 
-    files = [
-        *sorted((results / "answers").glob("*.parquet")),
-        *sorted((results / "answers" / "cache").glob("*.parquet")),
-        *sorted((results / "extract/regen").glob("*.parquet")),
-    ]
+    files = sorted((results / "answers").glob("*.parquet")) + answer_files(results)
     if not files:
         return None
     parts = [pd.read_parquet(f, columns=["id", "num_tokens", "prompt_len"]) for f in files]
