@@ -144,6 +144,9 @@ for phase in "$@"; do
                 [ "$now" -gt "$peak" ] && peak=$now && echo $peak > /tmp/study/peak
             done) &
             PEAK=$!
+            # the plan rule first: a DAG built before the data was prepared holds an estimate's rounds, and the
+            # plan rule stops such a run once it has weighed the prepared shards; the next parse plans from them
+            study plan --until plan --configfile $CFG $OVERLAY ${STUDY_EXTRA:-}
             study rounds --keep-going --configfile $CFG $OVERLAY ${STUDY_EXTRA:-}
             echo "study exit $?" >> $LOG
             kill $MONITOR $PEAK 2>/dev/null; date +%T > /tmp/study/done

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# the prepared base shards' ids and token counts, and the answers known by id: what the rounds are weighed on
+Shards: TypeAlias = "tuple[list[pd.DataFrame], pd.Series | None] | None"
 
 CHARS_PER_TOKEN = 3.0  # below what BPE tokenizers give English and code (3.5-4.5): the estimate errs high
 TEMPLATE_TOKENS_PER_TURN = 8  # role markers and separators a chat template adds to each message
@@ -140,15 +147,39 @@ def answer_files(results: Path) -> list[Path]:
     )
 
 
-def _cached_answer_tokens(results: Path) -> np.ndarray | None:
-    """Answer lengths of every answer written so far, each sample once: the regenerate rule's files (its
-    joined and per-job outputs, and its cache, alone on a machine that an earlier session's answers were
-    carried to) and extraction's cache hold the same answers several times over."""
+def answered_lengths(results: str | Path) -> pd.Series | None:
+    """Answer tokens by sample id of every answer written so far, each sample once, this run's joined answers
+    first: the regenerate rule's files (its joined and per-job outputs, and its cache, alone on a machine that
+    an earlier session's answers were carried to) and extraction's cache hold the same answers several times
+    over. None when there are none."""
     import pandas as pd
 
+    results = Path(results)
     files = sorted((results / "answers").glob("*.parquet")) + answer_files(results)
     if not files:
         return None
     parts = [pd.read_parquet(f, columns=["id", "num_tokens", "prompt_len"]) for f in files]
     df = pd.concat(parts).drop_duplicates("id")
-    return (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.float64)
+    answers = (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.int64)
+    return pd.Series(answers, index=df["id"].to_numpy())
+
+
+def _cached_answer_tokens(results: Path) -> np.ndarray | None:
+    answered = answered_lengths(results)
+    return None if answered is None else answered.to_numpy(dtype=np.float64)
+
+
+def shard_files(results: str | Path, count: int) -> list[str]:
+    """The base shards as the shard rule names them (RESULTS/shards/shardNNN.parquet)."""
+    return [f"{results}/shards/shard{i:03d}.parquet" for i in range(count)]
+
+
+def read_shards(config: dict, files: list[str] | None, *, base_shards: int) -> Shards:
+    """The prepared base shards and the answers known, or None before every shard is written."""
+    if not files or len(files) != base_shards or not all(Path(f).is_file() for f in files):
+        return None
+    import pandas as pd
+
+    frames = [pd.read_parquet(f, columns=["id", "num_tokens", "prompt_len"]) for f in files]
+    answered = answered_lengths(config["results"]) if config["data"]["regenerate"]["enabled"] else None
+    return frames, answered

@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 
 from draftsmith.core.units import human, parse_size
-from draftsmith.plan.data import DataSize, estimate, measured
+from draftsmith.plan.data import DataSize, Shards, estimate, measured, read_shards
 from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_file, timed_hours
 from draftsmith.plan.memory import memory_plan, memory_rows
-from draftsmith.plan.rounds import extraction_passes, rounds_needed, whole_epochs
+from draftsmith.plan.rounds import extraction_passes, fewest_rounds, rounds_needed, whole_epochs
 from draftsmith.plan.sizes import drafter_params, target_params, token_bytes, training_bytes
 
 SHAPES = Path(__file__).resolve().parents[2] / "configs" / "shapes"  # real targets' text shapes
@@ -123,10 +123,11 @@ def _pinned(config: dict, identity: dict) -> dict | None:
 
 def pin(config: dict, plan: dict) -> None:
     """Keeps the rounds decided at this parse, so a later parse (a resume after a kill, with less free space
-    since this run's own files were written) plans the same rounds while the budget setting stays."""
+    since this run's own files were written) plans the same rounds while the budget setting stays. Only rounds
+    weighed on the prepared shards are kept: an estimate's would hold the run to the estimate's count."""
     from draftsmith.core.io import write_json
 
-    if "identity" in plan and not plan.get("pinned"):
+    if "identity" in plan and not plan.get("pinned") and plan.get("rounds_measured"):
         write_json(
             Path(config["results"]) / PINNED, {k: plan[k] for k in ("identity", "rounds", "budget_bytes")}
         )
@@ -137,11 +138,26 @@ def unpin(config: dict) -> None:
 
 
 def decide_rounds(
-    states: float, budget: int, *, config: dict, samples: int, base_shards: int, per_token: float
+    states: float,
+    budget: int,
+    *,
+    config: dict,
+    samples: int,
+    base_shards: int,
+    per_token: float,
+    shards: Shards = None,
 ) -> tuple[int, float]:
     """(rounds, held-out bytes): one round when everything fits, else as few rounds as fit the budget after
-    the held-out samples (kept all run) and one sample of slack per base shard, `extract.rounds_in_flight`
-    rounds at a time. Raises PlanError with the options."""
+    the held-out samples (kept all run), `extract.rounds_in_flight` rounds at a time. With the prepared shards
+    (and the answers known) the rounds are weighed as extraction will lay them out; before them, from the
+    mean with one sample of slack per base shard. Raises PlanError with the options."""
+    if shards is not None:
+        frames, answered = shards
+        try:
+            rounds = fewest_rounds(frames, config, budget_tokens=budget / per_token, answered=answered)
+        except ValueError as e:
+            raise PlanError(_no_round_fits(config, states, budget, str(e))) from None
+        return rounds, float(config["train"]["heldout_fraction"]) * states if rounds > 1 else 0.0
     if states <= budget:
         return 1, 0.0
     fraction = float(config["train"]["heldout_fraction"])
@@ -156,20 +172,31 @@ def decide_rounds(
             int((1 - fraction) * states * in_flight), int(room), base_shards=base_shards, samples=samples
         ), heldout
     except ValueError as e:
-        storage = config["extract"]["storage"]
-        raise PlanError(
-            f"extract.disk_budget: the hidden states need {human(states)} ({storage}) and the budget is "
-            f"{human(budget)}; even the smallest round does not fit ({e}). Options: extract.storage: fp8 "
-            "(half "
-            "the bytes), `results` on a larger disk, a larger extract.disk_budget, or fewer samples "
-            "(data.max_samples)"
-        ) from None
+        raise PlanError(_no_round_fits(config, states, budget, str(e))) from None
+
+
+def _no_round_fits(config: dict, states: float, budget: int, why: str) -> str:
+    storage = config["extract"]["storage"]
+    return (
+        f"extract.disk_budget: the hidden states need {human(states)} ({storage}) and the budget is "
+        f"{human(budget)}; even the smallest round does not fit ({why}). Options: extract.storage: fp8 (half "
+        "the bytes), `results` on a larger disk, a larger extract.disk_budget, or fewer samples "
+        "(data.max_samples)"
+    )
 
 
 def decide_budget(
-    config: dict, plan: dict, *, per_token: float, reserves: int, samples: int, base_shards: int
+    config: dict,
+    plan: dict,
+    *,
+    per_token: float,
+    reserves: int,
+    samples: int,
+    base_shards: int,
+    shards: Shards = None,
 ) -> None:
-    """The budget and the rounds into `plan`: as pinned for this setting and data shape, or decided now."""
+    """The budget and the rounds into `plan`: as pinned for this setting and data shape, or decided now
+    (from the prepared shards when they are there; only then are they pinned)."""
     identity = {
         "setting": str(config["extract"]["disk_budget"]),
         "storage": plan["storage"],
@@ -200,8 +227,10 @@ def decide_budget(
         samples=samples,
         base_shards=base_shards,
         per_token=per_token,
+        shards=shards,
     )
     plan.update(identity=identity, rounds=rounds, budget_bytes=budget, pinned=False)
+    plan["rounds_measured"] = shards is not None
 
 
 def make_plan(
@@ -212,8 +241,10 @@ def make_plan(
     gpu_name: str | None,
     base_shards: int,
     bench_prompts: int | None = None,
+    shard_files: list[str] | None = None,
 ) -> dict:
-    """The plan as a dict (RESULTS/plan.json). Raises PlanError when no round can fit the budget."""
+    """The plan as a dict (RESULTS/plan.json). Raises PlanError when no round can fit the budget.
+    `shard_files`: the prepared base shards, read when all are there."""
     plan: dict = {"notes": []}
     shape, plan["shape_source"] = target_shape(config)
     size = data_size(config, paths)
@@ -225,12 +256,9 @@ def make_plan(
     tokens = size.samples * size.tokens_bound
     params = drafter_params(shape, config["drafter"], taps)
     checkpoints = int(config["train"]["checkpoint_every"]) > 0
-    training, cache = (
-        training_bytes(params, checkpoints=checkpoints, rounds=2),
-        hub_cache_bytes(config, shape),
-    )
-    reserves = training + cache
-    reserves += int(tokens * 8)  # the answer cache and prepared samples: ids and masks
+    training = training_bytes(params, checkpoints=checkpoints, rounds=2)
+    cache = hub_cache_bytes(config, shape)
+    reserves = training + cache + int(tokens * 8)  # + the answer cache and prepared samples: ids and masks
     plan.update(
         data=size.as_dict(),
         taps=taps,
@@ -252,6 +280,7 @@ def make_plan(
         reserves=reserves,
         samples=size.samples,
         base_shards=base_shards,
+        shards=read_shards(config, shard_files, base_shards=base_shards),
     )
     plan["epochs"], plan["in_flight"] = config["train"]["epochs"], int(config["extract"]["rounds_in_flight"])
     plan["extraction_passes"] = planned_passes(config, plan["rounds"])
@@ -406,7 +435,14 @@ def render(plan: dict) -> str:
             "rounds",
             str(plan["rounds"]),
             f"{round(plan['extraction_passes'], 2):g} extraction pass(es) over {plan['epochs']} epochs"
-            + (f"; {plan['in_flight']} on disk at once" if plan["rounds"] > 1 else ""),
+            + (f"; {plan['in_flight']} on disk at once" if plan["rounds"] > 1 else "")
+            + (
+                "; kept from an earlier parse"
+                if plan.get("pinned")
+                else "; weighed on the prepared shards"
+                if plan.get("rounds_measured")
+                else "; from the estimate (the plan rule weighs them once the data is prepared)"
+            ),
         ),
     ]
     for stage, s in plan["stages"].items():

@@ -10,6 +10,7 @@ whose states are still on disk, so one round an epoch is not extracted again.
 
 from __future__ import annotations
 
+import heapq
 import math
 import zlib
 
@@ -44,6 +45,22 @@ def sample_bound(samples: pd.DataFrame, data: dict) -> np.ndarray:
     return np.minimum(bound, int(data["max_length"]))
 
 
+def sample_tokens(samples: pd.DataFrame, data: dict, answered: pd.Series | None = None) -> np.ndarray:
+    """Tokens each sample takes on disk as far as is known: its prompt plus its answer where `answered`
+    (answer tokens by sample id, from the answer cache) has it, else its bound. The layout stays the bound's;
+    this is what the rounds weigh when the plan sizes them and checks them against the budget."""
+    bound = sample_bound(samples, data)
+    if answered is None or not len(answered) or not data["regenerate"]["enabled"]:
+        return bound
+    answer = samples["id"].map(answered)
+    known = answer.notna().to_numpy()
+    longest = int(data["regenerate"]["max_new_tokens"])  # an answer cached under a longer cap counts as cut
+    tokens = samples["prompt_len"].to_numpy(dtype=np.int64) + np.minimum(
+        answer.fillna(0).to_numpy(dtype=np.int64), longest
+    )
+    return np.where(known, np.minimum(tokens, int(data["max_length"])), bound)
+
+
 def heldout_rows(ids: list[str], *, fraction: float, seed: int) -> np.ndarray:
     """Held-out by a hash of (seed, id): the same samples whatever the shard or round layout. A shard of two
     or more samples holds out at least one when the fraction is above 0."""
@@ -56,15 +73,15 @@ def heldout_rows(ids: list[str], *, fraction: float, seed: int) -> np.ndarray:
 
 def piece_of_rows(bound: np.ndarray, rounds: int) -> np.ndarray:
     """The round of each row: longest first onto the lightest piece (ties to the fewest rows, then the lowest
-    round), so pieces weigh about the same."""
+    round), so pieces weigh about the same. A heap of (load, rows, round) keeps it O(n log rounds): the plan
+    tries several round counts at parse time."""
     order = np.argsort(-bound, kind="stable")
-    load, count = np.zeros(rounds, dtype=np.int64), np.zeros(rounds, dtype=np.int64)
+    heap = [(0, 0, r) for r in range(rounds)]
     out = np.zeros(len(bound), dtype=np.int64)
     for i in order:
-        r = int(np.lexsort((np.arange(rounds), count, load))[0])
+        load, count, r = heap[0]
         out[i] = r
-        load[r] += bound[i]
-        count[r] += 1
+        heapq.heapreplace(heap, (load + int(bound[i]), count + 1, r))
     return out
 
 
@@ -162,18 +179,20 @@ def extraction_passes(epochs: int, rounds: int, *, reuse_last: bool) -> float:
     return epochs - ((epochs - 1) / rounds if reuse_last else 0.0)
 
 
-def round_tokens(shards: list[pd.DataFrame], config: dict, *, rounds: int) -> tuple[np.ndarray, int]:
-    """Tokens each round can take over all base shards, and the held-out samples' (the bound: prompt plus
-    max_new_tokens when regenerating)."""
+def round_tokens(
+    shards: list[pd.DataFrame], config: dict, *, rounds: int, answered: pd.Series | None = None
+) -> tuple[np.ndarray, int]:
+    """Tokens each round takes over all base shards, and the held-out samples': each sample's answer where
+    `answered` has it, else its bound (prompt plus max_new_tokens when regenerating)."""
     total, held = np.zeros(rounds, dtype=np.int64), 0
     fraction, seed = float(config["train"]["heldout_fraction"]), int(config["train"]["seed"])
     if rounds == 1:
         fraction = 0.0  # one round: the held-out samples are inside the one dataset
     for df in shards:
         where = row_rounds(df, config["data"], rounds=rounds, fraction=fraction, seed=seed)
-        bound = sample_bound(df, config["data"])
-        np.add.at(total, where[where != HELD], bound[where != HELD])
-        held += int(bound[where == HELD].sum())
+        tokens = sample_tokens(df, config["data"], answered)
+        np.add.at(total, where[where != HELD], tokens[where != HELD])
+        held += int(tokens[where == HELD].sum())
     return total, held
 
 
@@ -181,3 +200,28 @@ def peak_tokens(tokens: np.ndarray, held: int, *, in_flight: int) -> int:
     """The most tokens on disk at once: the held-out samples and the `in_flight` largest rounds (a round's
     extraction waits until the round `in_flight` places before it has trained and been deleted)."""
     return int(held + np.sort(np.asarray(tokens))[::-1][: max(1, in_flight)].sum())
+
+
+def fewest_rounds(
+    shards: list[pd.DataFrame], config: dict, *, budget_tokens: float, answered: pd.Series | None = None
+) -> int:
+    """The fewest rounds whose `extract.rounds_in_flight` largest pieces and the held-out samples fit
+    `budget_tokens`, weighed on the prepared shards in the layout extraction will take, so the plan rule's
+    check and each round's own check pass by construction. Raises ValueError when no round count fits."""
+    in_flight = int(config["extract"]["rounds_in_flight"])
+    whole, _ = round_tokens(shards, config, rounds=1, answered=answered)
+    if whole.sum() <= budget_tokens:
+        return 1
+    samples = sum(len(df) for df in shards)
+    most = max(1, samples // max(1, len(shards)))  # a piece holds at least one sample
+    # the held-out samples are the same at any count of rounds above one
+    tokens, held = round_tokens(shards, config, rounds=2, answered=answered)
+    if held >= budget_tokens:
+        raise ValueError("the held-out samples alone fill it")
+    # the largest pieces weigh at least their share, so fewer rounds than this cannot fit
+    start = max(2, math.ceil(in_flight * int(tokens.sum()) / (budget_tokens - held)))
+    for rounds in range(start, most + 1):
+        tokens, held = round_tokens(shards, config, rounds=rounds, answered=answered)
+        if peak_tokens(tokens, held, in_flight=in_flight) <= budget_tokens:
+            return rounds
+    raise ValueError(f"{samples} samples in {len(shards)} shards allow {most} rounds; none up to that fits")

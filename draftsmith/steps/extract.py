@@ -23,10 +23,16 @@ from draftsmith.dataset.plan import check_disk_space, planned_tokens
 from draftsmith.dataset.regenerate import regenerate_shard
 from draftsmith.dataset.shards import shard_bytes, shard_manifest
 from draftsmith.engine.memory import NoRoomForAnswers
+from draftsmith.plan.data import answered_lengths
 from draftsmith.plan.rounds import peak_tokens, round_tokens, select_rows
 from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
 from draftsmith.target.load import eos_ids_of, load_configured_target
+
+SETTLE_WAIT_S = (
+    1800.0  # how long a round's extraction waits for the plan rule (after the rates job) to settle the rounds
+)
+SETTLE_POLL_S = 2.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,12 +68,14 @@ def check_round(
     storage: str,
     *,
     in_flight: int = 1,
+    answered: pd.Series | None = None,
 ) -> None:
     """Stops before any GPU work when this round, with the held-out samples, cannot fit the budget the plan
-    handed out (the plan rule checks it too; a rerun of this job alone meets it here)."""
+    handed out (the plan rule checks it too; a rerun of this job alone meets it here). Samples weigh their
+    answers where `answered` has them, as the plan weighed them."""
     frames = [pd.read_parquet(s, columns=["id", "num_tokens", "prompt_len"]) for s in base_shards]
     config = {"data": data, "train": {"heldout_fraction": rows["heldout_fraction"], "seed": rows["seed"]}}
-    tokens, held = round_tokens(frames, config, rounds=int(rows["rounds"]))
+    tokens, held = round_tokens(frames, config, rounds=int(rows["rounds"]), answered=answered)
     width = len(plan["target"]["taps"]) * int(plan["target"]["hidden_size"])
     need = shard_bytes(peak_tokens(tokens, held, in_flight=in_flight), 0, width, storage)
     if need > budget:
@@ -76,6 +84,21 @@ def check_round(
             f"take {need / 1e9:.3f} GB but "
             f"extract.disk_budget gives {budget / 1e9:.3f} GB; rerun snakemake to plan the rounds again"
         )
+
+
+def settled_rounds(path: Path, rounds: int) -> dict | None:
+    """The rounds as the plan kept them (RESULTS/plan/rounds.json), None before it has weighed the prepared
+    shards. A DAG built from an estimate of the data may hold another count than the one kept then: its round
+    jobs stop before any GPU work."""
+    if not path.exists():
+        return None
+    pinned = read_json(path)
+    if int(pinned["rounds"]) != rounds:
+        stop(
+            f"extract: this run's DAG has {rounds} rounds, but the plan kept {pinned['rounds']} ({path}), "
+            f"weighed on the prepared shards. Rerun snakemake: it plans the {pinned['rounds']} rounds"
+        )
+    return pinned
 
 
 def stop(msg: str) -> NoReturn:
@@ -89,11 +112,21 @@ def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan
     if args.rows_json:
         rows = json.loads(args.rows_json)
         samples = select_rows(samples, rows, dcfg)
-        if args.round_plan is not None and Path(args.round_plan).exists():
-            pinned = read_json(args.round_plan)
+        pinned = args.round_plan and settled_rounds(Path(args.round_plan), int(rows["rounds"]))
+        if pinned:
             in_flight = int(pinned["identity"].get("in_flight", 1))
             budget = int(pinned["budget_bytes"])
-            check_round(args.base_shards, rows, dcfg, budget, plan, ecfg["storage"], in_flight=in_flight)
+            answered = answered_lengths(Path(args.round_plan).parents[1])  # RESULTS/plan/rounds.json
+            check_round(
+                args.base_shards,
+                rows,
+                dcfg,
+                budget,
+                plan,
+                ecfg["storage"],
+                in_flight=in_flight,
+                answered=answered if dcfg["regenerate"]["enabled"] else None,
+            )
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered
     try:  # before any GPU work: a full disk is a message now, not a crash hours in
         need = check_disk_space(

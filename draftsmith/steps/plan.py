@@ -8,11 +8,10 @@ import json
 import logging
 import sys
 
-import pandas as pd
-
 from draftsmith.core.io import write_json, write_text
 from draftsmith.core.runtime import setup_logging
 from draftsmith.plan.cli import bench_prompts
+from draftsmith.plan.data import read_shards
 from draftsmith.plan.plan import PlanError, make_plan, pin, render, unpin
 from draftsmith.plan.rounds import peak_tokens, round_tokens
 
@@ -38,21 +37,22 @@ def main(argv: list[str] | None = None) -> None:
             gpu_name=args.gpu_name or None,
             base_shards=len(args.shards),
             bench_prompts=bench_prompts(config),
+            shard_files=args.shards,
         )
     except PlanError as e:
         unpin(config)
         sys.exit(f"plan: {e}")
     if plan["rounds"] != args.rounds:
-        unpin(config)
+        pin(config, plan)  # the next parse plans these; a round's extraction of this DAG stops on them
         sys.exit(
-            f"plan: the workflow was planned with {args.rounds} round(s), but with the data on disk now "
-            f"the plan gives {plan['rounds']} (the data was not readable when the run started). Rerun "
-            "snakemake: it plans "
-            "again; nothing has been extracted yet"
+            f"plan: the workflow was planned with {args.rounds} round(s) from an estimate of the data (it "
+            f"was not prepared when the run started); weighed on the prepared shards, the rounds are "
+            f"{plan['rounds']}. Rerun snakemake: it plans them; no round has been extracted yet, and what is "
+            "done is kept"
         )
     if "bytes_per_token" in plan:
-        shards = [pd.read_parquet(s, columns=["id", "num_tokens", "prompt_len"]) for s in args.shards]
-        rounds, held = round_tokens(shards, config, rounds=int(plan["rounds"]))
+        shards, answered = read_shards(config, args.shards, base_shards=len(args.shards)) or ([], None)
+        rounds, held = round_tokens(shards, config, rounds=int(plan["rounds"]), answered=answered)
         per_token = plan["bytes_per_token"][plan["storage"]]
         plan["round_bytes"] = [int(t * per_token) for t in rounds]
         plan["heldout_bytes"] = int(held * per_token)

@@ -189,6 +189,7 @@ def num_shards():
     return slots * int(ext["shards_per_slot"])
 
 
+# the base shards' names, as draftsmith.plan.data.shard_files names their files
 SHARDS = [f"shard{i:03d}" for i in range(num_shards())]
 
 
@@ -353,7 +354,8 @@ def plan_gpu_name():
 
 
 # The plan: disk and GPU-hours, and the rounds that keep hidden states under extract.disk_budget. Fixed here,
-# so `snakemake -n` lists every round; kept in RESULTS/plan/rounds.json while the budget setting stays.
+# so `snakemake -n` lists every round; once weighed on the prepared shards, kept in RESULTS/plan/rounds.json
+# while the budget setting stays (before them, an estimate that the plan job corrects; docs/planning.md).
 try:
     PLAN = make_plan(
         config,
@@ -362,6 +364,7 @@ try:
         gpu_name=plan_gpu_name(),
         base_shards=len(SHARDS),
         bench_prompts=bench_prompts(config),
+        shard_files=[f"{RESULTS}/shards/{s}.parquet" for s in SHARDS],
     )
 except PlanError as e:
     raise WorkflowError(f"plan: {e}")

@@ -12,6 +12,8 @@ rule plan:
         md=report(f"{RESULTS}/plan.md", caption="../report/plan.rst", category="Plan"),
     log:
         f"{RESULTS}/logs/plan.log",
+    # ahead of the data jobs ready beside it: a round's extraction checks the rounds this job keeps
+    priority: 100
     conda:
         "../../envs/draftsmith.yaml"
     params:
