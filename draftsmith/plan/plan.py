@@ -12,12 +12,19 @@ from draftsmith.core.units import human, parse_size
 from draftsmith.plan.data import DataSize, Shards, estimate, measured, read_shards
 from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_file, timed_hours
 from draftsmith.plan.memory import memory_plan, memory_rows
-from draftsmith.plan.rounds import extraction_passes, fewest_rounds, rounds_needed, whole_epochs
+from draftsmith.plan.rounds import (
+    extraction_passes,
+    fewest_rounds,
+    rounds_needed,
+    shards_fingerprint,
+    whole_epochs,
+)
 from draftsmith.plan.sizes import drafter_params, target_params, token_bytes, training_bytes
 
 SHAPES = Path(__file__).resolve().parents[2] / "configs" / "shapes"  # real targets' text shapes
 PINNED = "plan/rounds.json"  # under RESULTS: the rounds decided for this budget setting, kept across parses
 STATE_DIRS = ("extract", "rounds")  # under RESULTS: where this run's hidden states lie
+ROUNDS_FROM = ("; estimated until the plan rule weighs the shards", "; weighed on the prepared shards")
 
 
 class PlanError(ValueError):
@@ -208,7 +215,11 @@ def decide_budget(
         "heldout_fraction": float(config["train"]["heldout_fraction"]),
         "in_flight": int(config["extract"]["rounds_in_flight"]),
     }
+    if shards is not None:  # other shards (a data change rebuilds them) are another decision
+        identity["shards"] = shards_fingerprint(shards[0], config["data"])
     pinned = _pinned(config, identity)
+    if not pinned and shards is None:
+        unpin(config)  # another setting's rounds, which this run's round jobs must not meet
     if pinned:
         plan.update(identity=identity, rounds=int(pinned["rounds"]), budget_bytes=int(pinned["budget_bytes"]))
         plan.update(pinned=True, budget_source="as planned before (results/plan/rounds.json)")
@@ -436,13 +447,7 @@ def render(plan: dict) -> str:
             str(plan["rounds"]),
             f"{round(plan['extraction_passes'], 2):g} extraction pass(es) over {plan['epochs']} epochs"
             + (f"; {plan['in_flight']} on disk at once" if plan["rounds"] > 1 else "")
-            + (
-                "; kept from an earlier parse"
-                if plan.get("pinned")
-                else "; weighed on the prepared shards"
-                if plan.get("rounds_measured")
-                else "; from the estimate (the plan rule weighs them once the data is prepared)"
-            ),
+            + ROUNDS_FROM[bool(plan.get("rounds_measured") or plan.get("pinned"))],
         ),
     ]
     for stage, s in plan["stages"].items():

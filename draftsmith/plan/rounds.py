@@ -179,6 +179,11 @@ def extraction_passes(epochs: int, rounds: int, *, reuse_last: bool) -> float:
     return epochs - ((epochs - 1) / rounds if reuse_last else 0.0)
 
 
+def shards_fingerprint(shards: list[pd.DataFrame], data: dict) -> list[int]:
+    """Samples and their bound in tokens over the base shards: what the kept rounds were weighed on."""
+    return [sum(len(df) for df in shards), sum(int(sample_bound(df, data).sum()) for df in shards)]
+
+
 def round_tokens(
     shards: list[pd.DataFrame], config: dict, *, rounds: int, answered: pd.Series | None = None
 ) -> tuple[np.ndarray, int]:

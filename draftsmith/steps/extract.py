@@ -29,11 +29,6 @@ from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
 from draftsmith.target.load import eos_ids_of, load_configured_target
 
-SETTLE_WAIT_S = (
-    1800.0  # how long a round's extraction waits for the plan rule (after the rates job) to settle the rounds
-)
-SETTLE_POLL_S = 2.0
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
@@ -69,20 +64,27 @@ def check_round(
     *,
     in_flight: int = 1,
     answered: pd.Series | None = None,
+    pin: Path | None = None,
 ) -> None:
     """Stops before any GPU work when this round, with the held-out samples, cannot fit the budget the plan
     handed out (the plan rule checks it too; a rerun of this job alone meets it here). Samples weigh their
-    answers where `answered` has them, as the plan weighed them."""
+    answers where `answered` has them: this run's, once regenerated. The plan may have weighed answers
+    cached under other settings; then the kept rounds (`pin`) are dropped, so the rerun weighs them again."""
     frames = [pd.read_parquet(s, columns=["id", "num_tokens", "prompt_len"]) for s in base_shards]
     config = {"data": data, "train": {"heldout_fraction": rows["heldout_fraction"], "seed": rows["seed"]}}
     tokens, held = round_tokens(frames, config, rounds=int(rows["rounds"]), answered=answered)
     width = len(plan["target"]["taps"]) * int(plan["target"]["hidden_size"])
-    need = shard_bytes(peak_tokens(tokens, held, in_flight=in_flight), 0, width, storage)
+    # the tensors' bytes as the plan counts them (token_bytes), without the file's fixed part
+    peak = peak_tokens(tokens, held, in_flight=in_flight)
+    need = shard_bytes(peak, 0, width, storage) - shard_bytes(0, 0, width, storage)
     if need > budget:
+        if pin is not None:
+            pin.unlink(missing_ok=True)
         stop(
-            f"extract: {in_flight} round(s) at once (extract.rounds_in_flight) and the held-out samples can "
-            f"take {need / 1e9:.3f} GB but "
-            f"extract.disk_budget gives {budget / 1e9:.3f} GB; rerun snakemake to plan the rounds again"
+            f"extract: {in_flight} round(s) at once (extract.rounds_in_flight) and the held-out samples take "
+            f"{need / 1e9:.3f} GB with the answers written now, but extract.disk_budget gives "
+            f"{budget / 1e9:.3f} GB. The plan weighed other answers (a cache made under other settings); "
+            "rerun snakemake: it weighs the rounds again on these (training starts over)"
         )
 
 
@@ -126,6 +128,7 @@ def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan
                 ecfg["storage"],
                 in_flight=in_flight,
                 answered=answered if dcfg["regenerate"]["enabled"] else None,
+                pin=Path(args.round_plan),
             )
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered
     try:  # before any GPU work: a full disk is a message now, not a crash hours in

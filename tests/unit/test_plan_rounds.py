@@ -11,8 +11,9 @@ import pytest
 
 from draftsmith.config import with_defaults
 from draftsmith.plan.data import answered_lengths, read_shards, shard_files
-from draftsmith.plan.plan import PINNED, PlanError, decide_rounds, pin
+from draftsmith.plan.plan import PINNED, PlanError, decide_budget, decide_rounds, pin
 from draftsmith.plan.rounds import fewest_rounds, peak_tokens, piece_of_rows, round_tokens, sample_tokens
+from draftsmith.plan.sizes import token_bytes
 
 MAX_NEW = 512
 
@@ -140,3 +141,53 @@ def test_a_rounds_extraction_stops_when_the_plan_kept_another_count(tmp_path):
     assert settled_rounds(path, 3)["rounds"] == 3
     with pytest.raises(SystemExit, match=r"DAG has 7 rounds, but the plan kept 3.*Rerun snakemake"):
         settled_rounds(path, 7)
+
+
+def _decide(config: dict, shards) -> dict:
+    plan = {"storage": "bf16", "taps": 5, "hidden_size": 32, "tokens": 10**6}
+    decide_budget(config, plan, per_token=10.0, reserves=0, samples=600, base_shards=2, shards=shards)
+    return plan
+
+
+def test_kept_rounds_hold_for_the_shards_they_were_weighed_on_only(tmp_path):
+    """A data change rebuilds the shards: rounds kept for the old ones are decided again. A parse that can
+    only estimate drops another setting's kept rounds, so no round job meets them."""
+    config = {**_config(), "results": str(tmp_path)}
+    config["extract"] = {**config["extract"], "disk_budget": "2MB"}
+    shards = _shards()
+    first = _decide(config, (shards, None))
+    pin(config, first)
+    assert _decide(config, (shards, None))["pinned"]  # the same shards: kept
+    fewer = [df.iloc[:150] for df in shards]
+    again = _decide(config, (fewer, None))
+    assert not again["pinned"] and again["rounds"] < first["rounds"]
+    config["extract"] = {**config["extract"], "disk_budget": "2.5MB"}
+    assert not _decide(config, None)["pinned"] and not (tmp_path / PINNED).exists()
+
+
+def test_a_round_that_does_not_fit_with_this_runs_answers_drops_the_kept_rounds(tmp_path):
+    """The plan may weigh answers cached under other settings; a round's extraction weighs this run's, and
+    when they do not fit it stops and drops the kept rounds, so the rerun plans again instead of stopping on
+    the same count."""
+    from draftsmith.steps.extract import check_round
+
+    config, shards = _config(in_flight=1), _shards()
+    files = shard_files(tmp_path, 2)
+    (tmp_path / "shards").mkdir()
+    for df, f in zip(shards, files, strict=True):
+        df.to_parquet(f)
+    rows = {"kind": "round", "round": 0, "rounds": 3, "heldout_fraction": 0.05, "seed": 0}
+    probe = {"target": {"taps": [1, 2, 3, 4, 5], "hidden_size": 32}}
+    short = _answers(shards)
+    tokens, held = round_tokens(shards, config, rounds=3, answered=short)
+    budget = int(peak_tokens(tokens, held, in_flight=1) * token_bytes(taps=5, hidden=32, storage="bf16"))
+    pinned = tmp_path / PINNED
+    pinned.parent.mkdir()
+    pinned.write_text("{}")
+    kw = {"in_flight": 1, "pin": pinned}
+    check_round(files, rows, config["data"], budget, probe, "bf16", answered=short, **kw)  # exactly fits
+    assert pinned.exists()
+    longer = short + 40  # this run's answers, decoded under other settings than the cached ones
+    with pytest.raises(SystemExit, match=r"with the answers written now.*rerun snakemake"):
+        check_round(files, rows, config["data"], budget, probe, "bf16", answered=longer, **kw)
+    assert not pinned.exists()
