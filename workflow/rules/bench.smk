@@ -10,6 +10,8 @@ rule bench:
         f"{RESULTS}/logs/bench/{{dataset}}.{{part}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/bench/{{dataset}}.{{part}}.tsv"
+    # the run's own drafter (a study's largest size) is benched before the study's smaller ones
+    priority: 1
     conda:
         "../../envs/gpu.yaml"
     threads: cpu_threads()

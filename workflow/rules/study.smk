@@ -104,6 +104,7 @@ use rule bench as study_bench with:
         f"{RESULTS}/logs/study/n{{n}}/bench/{{dataset}}.{{part}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/study/n{{n}}/bench/{{dataset}}.{{part}}.tsv"
+    priority: 0
 
 
 rule study:
