@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from draftsmith.core.gpu_pool import gpu_names, visible_gpus
     from draftsmith.core.units import parse_size
-    from draftsmith.plan.data import shard_files
+    from draftsmith.plan.data import read_shards, shard_files
     from draftsmith.plan.plan import PlanError, make_plan, render
 
     config = load_config(a.configfile)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_name=name,
             base_shards=shards,
             bench_prompts=prompts,
-            shard_files=shard_files(config["results"], shards),
+            shards=read_shards(config, shard_files(config["results"], shards), base_shards=shards),
         )
     except PlanError as e:
         print(f"plan: {e}", file=sys.stderr)

@@ -116,9 +116,9 @@ def _sized(
     )
 
 
-def measured(results: str | Path, data: dict) -> DataSize | None:
+def measured(results: str | Path, data: dict, *, answered: pd.Series | None = None) -> DataSize | None:
     """The prepared samples' own token counts, with the answer cache's answers where it has them; None before
-    `prepare` has run."""
+    `prepare` has run. `answered`: the answers' lengths already read (`answered_lengths`), else read here."""
     import pandas as pd
 
     prepared = Path(results) / "prepared" / "samples.parquet"
@@ -129,9 +129,10 @@ def measured(results: str | Path, data: dict) -> DataSize | None:
     answer = (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.float64)
     source, bounded = "measured", False
     if data["regenerate"]["enabled"]:
-        answered = _cached_answer_tokens(Path(results))
+        if answered is None:
+            answered = answered_lengths(results)
         if answered is not None and len(answered):
-            answer = np.full_like(prompt, answered.mean())
+            answer = np.full_like(prompt, float(answered.mean()))
             source = f"measured; answers: the mean of {len(answered)} cached"
         else:
             answer = np.full_like(prompt, float(data["regenerate"]["max_new_tokens"]))
@@ -164,18 +165,14 @@ def answered_lengths(results: str | Path) -> pd.Series | None:
     return pd.Series(answers, index=df["id"].to_numpy())
 
 
-def _cached_answer_tokens(results: Path) -> np.ndarray | None:
-    answered = answered_lengths(results)
-    return None if answered is None else answered.to_numpy(dtype=np.float64)
-
-
 def shard_files(results: str | Path, count: int) -> list[str]:
     """The base shards as the shard rule names them (RESULTS/shards/shardNNN.parquet)."""
     return [f"{results}/shards/shard{i:03d}.parquet" for i in range(count)]
 
 
 def read_shards(config: dict, files: list[str] | None, *, base_shards: int) -> Shards:
-    """The prepared base shards and the answers known, or None before every shard is written."""
+    """The prepared base shards and the answers known, or None before every shard is written. Read once for
+    the plan: its data size and its rounds both take them."""
     if not files or len(files) != base_shards or not all(Path(f).is_file() for f in files):
         return None
     import pandas as pd

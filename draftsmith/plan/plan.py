@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from draftsmith.core.units import human, parse_size
-from draftsmith.plan.data import DataSize, Shards, estimate, measured, read_shards
+from draftsmith.plan.data import DataSize, Shards, estimate, measured
 from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_file, timed_hours
 from draftsmith.plan.memory import memory_plan, memory_rows
 from draftsmith.plan.rounds import (
@@ -60,9 +60,11 @@ def tap_count(config: dict, shape: dict) -> int:
     return len(resolve_taps(int(shape["num_hidden_layers"]), config["taps"]))
 
 
-def data_size(config: dict, paths: list[str]) -> DataSize | None:
-    """Measured when prepare has run, else estimated from the files."""
-    return measured(config["results"], config["data"]) or estimate(paths, config["data"])
+def data_size(config: dict, paths: list[str], shards: Shards = None) -> DataSize | None:
+    """Measured when prepare has run (with the answers `shards` holds, read once), else estimated from the
+    files."""
+    answered = shards[1] if shards is not None else None
+    return measured(config["results"], config["data"], answered=answered) or estimate(paths, config["data"])
 
 
 def free_space(results: str | Path) -> int:
@@ -252,13 +254,13 @@ def make_plan(
     gpu_name: str | None,
     base_shards: int,
     bench_prompts: int | None = None,
-    shard_files: list[str] | None = None,
+    shards: Shards = None,
 ) -> dict:
     """The plan as a dict (RESULTS/plan.json). Raises PlanError when no round can fit the budget.
-    `shard_files`: the prepared base shards, read when all are there."""
+    `shards`: the prepared base shards and the answers known (`read_shards`), once all shards are written."""
     plan: dict = {"notes": []}
     shape, plan["shape_source"] = target_shape(config)
-    size = data_size(config, paths)
+    size = data_size(config, paths, shards)
     if shape is None or size is None:
         return _unplanned(plan, shape_known=shape is not None)
     taps, hidden = tap_count(config, shape), int(shape["hidden_size"])
@@ -291,7 +293,7 @@ def make_plan(
         reserves=reserves,
         samples=size.samples,
         base_shards=base_shards,
-        shards=read_shards(config, shard_files, base_shards=base_shards),
+        shards=shards,
     )
     plan["epochs"], plan["in_flight"] = config["train"]["epochs"], int(config["extract"]["rounds_in_flight"])
     plan["extraction_passes"] = planned_passes(config, plan["rounds"])

@@ -92,8 +92,13 @@ def row_rounds(samples: pd.DataFrame, data: dict, *, rounds: int, fraction: floa
     """The round of each row of a base shard, HELD for the held-out samples: the one layout that extraction,
     validation, the plan's check and training's schedule all read."""
     held = heldout_rows(samples["id"].tolist(), fraction=fraction, seed=seed)
-    out = np.full(len(samples), HELD, dtype=np.int64)
-    out[~held] = piece_of_rows(sample_bound(samples[~held], data), rounds) if rounds > 1 else 0
+    return _layout(held, sample_bound(samples, data), rounds)
+
+
+def _layout(held: np.ndarray, bound: np.ndarray, rounds: int) -> np.ndarray:
+    """row_rounds from a shard's held-out mask and its samples' bounds."""
+    out = np.full(len(held), HELD, dtype=np.int64)
+    out[~held] = piece_of_rows(bound[~held], rounds) if rounds > 1 else 0
     return out
 
 
@@ -184,21 +189,39 @@ def shards_fingerprint(shards: list[pd.DataFrame], data: dict) -> list[int]:
     return [sum(len(df) for df in shards), sum(int(sample_bound(df, data).sum()) for df in shards)]
 
 
+Weighed = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # each shard's held-out mask, bounds and tokens
+
+
+def _weighed(shards: list[pd.DataFrame], config: dict, answered: pd.Series | None, *, rounds: int) -> Weighed:
+    """What a count of rounds does not change: each shard's held-out samples (none in one round, where they
+    are inside the one dataset), the bounds its layout is cut by and the tokens it is weighed by."""
+    fraction = float(config["train"]["heldout_fraction"]) if rounds > 1 else 0.0
+    seed, data = int(config["train"]["seed"]), config["data"]
+    return [
+        (
+            heldout_rows(df["id"].tolist(), fraction=fraction, seed=seed),
+            sample_bound(df, data),
+            sample_tokens(df, data, answered),
+        )
+        for df in shards
+    ]
+
+
+def _tally(weighed: Weighed, rounds: int) -> tuple[np.ndarray, int]:
+    total, held = np.zeros(rounds, dtype=np.int64), 0
+    for held_rows, bound, tokens in weighed:
+        where = _layout(held_rows, bound, rounds)
+        np.add.at(total, where[where != HELD], tokens[where != HELD])
+        held += int(tokens[where == HELD].sum())
+    return total, held
+
+
 def round_tokens(
     shards: list[pd.DataFrame], config: dict, *, rounds: int, answered: pd.Series | None = None
 ) -> tuple[np.ndarray, int]:
     """Tokens each round takes over all base shards, and the held-out samples': each sample's answer where
     `answered` has it, else its bound (prompt plus max_new_tokens when regenerating)."""
-    total, held = np.zeros(rounds, dtype=np.int64), 0
-    fraction, seed = float(config["train"]["heldout_fraction"]), int(config["train"]["seed"])
-    if rounds == 1:
-        fraction = 0.0  # one round: the held-out samples are inside the one dataset
-    for df in shards:
-        where = row_rounds(df, config["data"], rounds=rounds, fraction=fraction, seed=seed)
-        tokens = sample_tokens(df, config["data"], answered)
-        np.add.at(total, where[where != HELD], tokens[where != HELD])
-        held += int(tokens[where == HELD].sum())
-    return total, held
+    return _tally(_weighed(shards, config, answered, rounds=rounds), rounds)
 
 
 def peak_tokens(tokens: np.ndarray, held: int, *, in_flight: int) -> int:
@@ -214,19 +237,19 @@ def fewest_rounds(
     `budget_tokens`, weighed on the prepared shards in the layout extraction will take, so the plan rule's
     check and each round's own check pass by construction. Raises ValueError when no round count fits."""
     in_flight = int(config["extract"]["rounds_in_flight"])
-    whole, _ = round_tokens(shards, config, rounds=1, answered=answered)
-    if whole.sum() <= budget_tokens:
+    whole = sum(int(sample_tokens(df, config["data"], answered).sum()) for df in shards)
+    if whole <= budget_tokens:
         return 1
     samples = sum(len(df) for df in shards)
     most = max(1, samples // max(1, len(shards)))  # a piece holds at least one sample
-    # the held-out samples are the same at any count of rounds above one
-    tokens, held = round_tokens(shards, config, rounds=2, answered=answered)
+    weighed = _weighed(shards, config, answered, rounds=2)  # the same at any count of rounds above one
+    held = sum(int(tokens[held_rows].sum()) for held_rows, _, tokens in weighed)
     if held >= budget_tokens:
         raise ValueError("the held-out samples alone fill it")
     # the largest pieces weigh at least their share, so fewer rounds than this cannot fit
-    start = max(2, math.ceil(in_flight * int(tokens.sum()) / (budget_tokens - held)))
+    start = max(2, math.ceil(in_flight * (whole - held) / (budget_tokens - held)))
     for rounds in range(start, most + 1):
-        tokens, held = round_tokens(shards, config, rounds=rounds, answered=answered)
+        tokens, held = _tally(weighed, rounds)
         if peak_tokens(tokens, held, in_flight=in_flight) <= budget_tokens:
             return rounds
     raise ValueError(f"{samples} samples in {len(shards)} shards allow {most} rounds; none up to that fits")

@@ -118,7 +118,8 @@ def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan
         if pinned:
             in_flight = int(pinned["identity"].get("in_flight", 1))
             budget = int(pinned["budget_bytes"])
-            answered = answered_lengths(Path(args.round_plan).parents[1])  # RESULTS/plan/rounds.json
+            results = Path(args.round_plan).parents[1]  # the round plan is RESULTS/plan/rounds.json
+            answered = answered_lengths(results) if dcfg["regenerate"]["enabled"] else None
             check_round(
                 args.base_shards,
                 rows,
@@ -127,7 +128,7 @@ def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan
                 plan,
                 ecfg["storage"],
                 in_flight=in_flight,
-                answered=answered if dcfg["regenerate"]["enabled"] else None,
+                answered=answered,
                 pin=Path(args.round_plan),
             )
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     setup_logging()
     config = json.loads(args.config_json)
+    shards = read_shards(config, args.shards, base_shards=len(args.shards))
     try:
         plan = make_plan(
             config,
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
             gpu_name=args.gpu_name or None,
             base_shards=len(args.shards),
             bench_prompts=bench_prompts(config),
-            shard_files=args.shards,
+            shards=shards,
         )
     except PlanError as e:
         unpin(config)
@@ -51,8 +52,8 @@ def main(argv: list[str] | None = None) -> None:
             "done is kept"
         )
     if "bytes_per_token" in plan:
-        shards, answered = read_shards(config, args.shards, base_shards=len(args.shards)) or ([], None)
-        rounds, held = round_tokens(shards, config, rounds=int(plan["rounds"]), answered=answered)
+        frames, answered = shards or ([], None)
+        rounds, held = round_tokens(frames, config, rounds=int(plan["rounds"]), answered=answered)
         per_token = plan["bytes_per_token"][plan["storage"]]
         plan["round_bytes"] = [int(t * per_token) for t in rounds]
         plan["heldout_bytes"] = int(held * per_token)

@@ -15,6 +15,7 @@ from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
 from draftsmith.dataset.answers import ENV as ANSWER_CHECKS_ENV
 from draftsmith.core.gpu_pool import copies_sharing_a_gpu, gpu_names, visible_gpus
 from draftsmith.plan.cli import bench_prompts, data_files, local_file
+from draftsmith.plan.data import read_shards, shard_files
 from draftsmith.plan.hours import study_sizes
 from draftsmith.plan.plan import (
     PINNED,
@@ -364,7 +365,9 @@ try:
         gpu_name=plan_gpu_name(),
         base_shards=len(SHARDS),
         bench_prompts=bench_prompts(config),
-        shard_files=[f"{RESULTS}/shards/{s}.parquet" for s in SHARDS],
+        shards=read_shards(
+            config, shard_files(RESULTS, len(SHARDS)), base_shards=len(SHARDS)
+        ),
     )
 except PlanError as e:
     raise WorkflowError(f"plan: {e}")
