@@ -167,21 +167,32 @@ def test_a_job_on_a_shared_device_knows_how_many_share_it(tmp_path, monkeypatch)
     assert slots_sharing(1) == 1  # no pool listing: nothing shared
 
 
-def test_a_job_that_never_touched_cuda_logs_no_peak_memory(tmp_path, caplog):
+NO_CUDA_JOB = """
+import logging, sys
+import torch
+from draftsmith.core.gpu_pool import acquire, peak_memory_line
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+assert peak_memory_line() is None
+with acquire(1, devices=[0], pool_dir=sys.argv[1], set_env=False):
+    pass
+assert not torch.cuda.is_initialized()
+print("done")
+"""
+
+
+def test_a_job_that_never_touched_cuda_logs_no_peak_memory(tmp_path):
     """The pool logs each job's peak GPU memory when it gives its devices back; a process without CUDA (here:
-    the CPU, or a job whose GPU work ran in a child) has none to log, and must not start CUDA to find out."""
-    import logging
+    the CPU, or a job whose GPU work ran in a child) has none to log, and must not start CUDA to find out. The
+    job is a fresh process: on a GPU machine, the tests before this one started CUDA in pytest's own."""
+    import subprocess
+    import sys
 
-    import torch
-
-    from draftsmith.core.gpu_pool import peak_memory_line
-
-    assert peak_memory_line() is None
-    with caplog.at_level(logging.INFO, logger="draftsmith.core.gpu_pool"):
-        with acquire(1, devices=[0], pool_dir=tmp_path, set_env=False):
-            pass
-    assert "took GPU(s) [0]" in caplog.text and "peak GPU memory" not in caplog.text
-    assert not torch.cuda.is_initialized()
+    run = subprocess.run(
+        [sys.executable, "-c", NO_CUDA_JOB, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert "took GPU(s) [0]" in run.stdout and "peak GPU memory" not in run.stdout
+    assert run.stdout.rstrip().endswith("done")
 
 
 def test_a_gpu_job_logs_what_its_allocator_held_at_most():
