@@ -152,8 +152,9 @@ for phase in "$@"; do
                 echo "a small disk: extract.disk_budget 25GB" >> $LOG
             fi
             # the plan rule first: a DAG built before the data was prepared holds an estimate's rounds, and the
-            # plan rule stops such a run once it has weighed the prepared shards; the next parse plans from them
-            study plan --until plan --configfile $CFG $OVERLAY $EXTRA
+            # plan rule stops such a run once it has weighed the prepared shards; the next parse plans from them.
+            # Its own log: that stop is expected, and an error in the run's log would read as the run's end
+            LOG=/tmp/study/plan_first.log study plan --until plan --configfile $CFG $OVERLAY $EXTRA
             study rounds --keep-going --configfile $CFG $OVERLAY $EXTRA
             echo "study exit $?" >> $LOG
             kill $MONITOR $PEAK 2>/dev/null; date +%T > /tmp/study/done
@@ -186,7 +187,6 @@ for phase in "$@"; do
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
             sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6 | rounds: $(round_pace $R), states' peak $(cat /tmp/study/peak 2>/dev/null) B"
         done
-        [ -f /tmp/study/done ] && echo "finished $(cat /tmp/study/done)"
         grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
         grep -l -i -E "traceback" $R/logs/*.log $R/logs/*/*.log $R/logs/*/*/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
         cp /tmp/study/*.log /tmp/study/*.json "$OUT/" 2>/dev/null
@@ -209,6 +209,12 @@ for phase in "$@"; do
         cat /tmp/study/sweep.log 2>/dev/null | tail -12; cat /tmp/study/recipe.yaml 2>/dev/null
         cat $R/study/summary.md 2>/dev/null | head -60
         [ -f /tmp/ww/bg.log ] && WAIT_S=0 "$0" width_watch  # the whole-DAG run at real width, if width_start began one
+        # the last line says whether the run goes on: a call's tail is what a session reads first
+        if [ -f /tmp/study/done ]; then
+            echo "FINISHED at $(cat /tmp/study/done): $(grep 'study exit' /tmp/study/snakemake.log | tail -1)"
+        else
+            echo "STILL RUNNING at $(date +%T): $(tail -1 /tmp/study/stage), rounds: $(round_pace $R); call watch again now"
+        fi
         ;;
     sweep)  # issue 20's recipe knobs on the study's merged data at 2,902 samples, six trainings at once on one GPU
         R=results/study-smollm2
