@@ -15,6 +15,10 @@ from pathlib import Path
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
 
+# the bench settings the target's own answers to the bench prompts depend on (speculative/reference.py): a
+# change to any other bench key (methods, budgets, block size) keeps them
+BENCH_REFERENCE_KEYS = ("max_new_tokens", "temperature", "thinking", "max_prompts", "warmup")
+
 
 @functools.cache
 def _schema() -> dict:

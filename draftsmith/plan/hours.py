@@ -77,14 +77,18 @@ def job_counts(config: dict, *, rounds: int, base_shards: int, slots: int) -> di
         "extraction": extract,
         "validation": extract,
         "training": drafters * (1 if rounds == 1 else chain + 1),  # + the held-out evaluation
-        "bench": drafters * datasets * (max(1, slots) if parts == "auto" else int(parts)),
+        # each drafter's jobs, and without real loops the reference jobs that decode the target's answers
+        "bench": (drafters + (not config["bench"]["real_loop"]))
+        * datasets
+        * (max(1, slots) if parts == "auto" else int(parts)),
     }
 
 
-def bench_decodes(bench: dict) -> int:
-    """Decodes a bench prompt costs: its greedy reference, and a real loop per method where they run."""
+def bench_decodes(bench: dict, *, drafters: int = 1) -> int:
+    """Decodes a bench prompt costs for `drafters` drafters: the target's greedy answer, and a real loop per
+    method where they run. Without real loops the answer is decoded once for all of them (a reference job)."""
     runs = ("dflash" in bench["methods"]) + len(bench["ddtree_budgets"]) * ("ddtree" in bench["methods"])
-    return 1 + (runs if bench["real_loop"] else 0)
+    return drafters * (1 + runs) if bench["real_loop"] else 1
 
 
 def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
@@ -107,9 +111,8 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
         "training_runs": drafters,
         "bench_prompts": (bench_prompts or 0) * (1 + len(sizes)),
         "bench_tokens": (bench_prompts or 0)
-        * (1 + len(sizes))
         * int(bench["max_new_tokens"])
-        * bench_decodes(bench),
+        * bench_decodes(bench, drafters=1 + len(sizes)),
     }
 
 

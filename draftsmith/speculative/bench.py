@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +17,13 @@ from draftsmith.config import content_hash
 from draftsmith.core import faults
 from draftsmith.core.gpu_pool import acquire
 from draftsmith.core.io import tmp_path, write_jsonl
-from draftsmith.dataset.prepare import render
-from draftsmith.dataset.prompts import prompt_messages, read_prompts
+from draftsmith.speculative.bench_parts import (
+    append_done,
+    file_stamp,
+    part_prompts,
+    prompt_ids_of,
+    resume_partial,
+)
 from draftsmith.speculative.loop import is_hybrid, speculative_generate
 from draftsmith.speculative.proposers import (
     Proposer,
@@ -28,6 +31,7 @@ from draftsmith.speculative.proposers import (
     fp32_drafter,
     load_block_drafter,
 )
+from draftsmith.speculative.reference import TargetAnswers, read_reference, reference_key, target_answers
 from draftsmith.speculative.replay import ar_generate, replay, target_hidden, tau
 from draftsmith.target.kernels import exact_fp32
 from draftsmith.target.load import eos_ids_of, load_configured_target
@@ -55,21 +59,19 @@ def bench_prompt(
     bench: dict,
     stop_ids: Sequence[int] = (),
     seed: int = 0,
+    reference: TargetAnswers | None = None,
 ) -> list[dict]:
-    """One record per method (and DDTree budget) for one prompt; `bench` is the config's bench section."""
+    """One record per method (and DDTree budget) for one prompt; `bench` is the config's bench section.
+    `reference`: the target's answers to it, decoded by a reference job (speculative/reference.py)."""
     methods = bench["methods"]
-    max_new = int(bench["max_new_tokens"])
     temperature = float(bench["temperature"])
     sampled = temperature > 0
     real = bool(bench["real_loop"])
     block = drafter.block_size
     hybrid = is_hybrid(target)
-    greedy = ar_generate(target, prompt_ids, max_new, stop_ids)
-    if temperature > 0:
-        gen = torch.Generator().manual_seed(seed)
-        continuation = ar_generate(target, prompt_ids, max_new, stop_ids, temperature, gen).tokens
-    else:
-        continuation = greedy.tokens
+    answers = reference or target_answers(target, prompt_ids, bench, stop_ids=stop_ids, seed=seed)
+    greedy = answers.greedy
+    continuation = answers.sampled if sampled and answers.sampled is not None else greedy
     tokens = list(prompt_ids) + continuation
     hidden = target_hidden(target, tokens, taps)
     base: dict[str, Any] = {
@@ -78,8 +80,8 @@ def bench_prompt(
         "block_size": block,
         "temperature": temperature,
         "hybrid": hybrid,
-        "ar_seconds": greedy.seconds,
-        "ar_tokens": len(greedy.tokens),
+        "ar_seconds": answers.ar_seconds,
+        "ar_tokens": len(greedy),
         "dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
     }
     records: list[dict[str, Any]] = []
@@ -89,9 +91,9 @@ def bench_prompt(
                 **base,
                 "method": "ar",
                 "budget": None,
-                "committed": [1] * len(greedy.tokens),
-                "seconds": greedy.seconds,
-                "out_tokens": len(greedy.tokens),
+                "committed": [1] * len(greedy),
+                "seconds": answers.ar_seconds,
+                "out_tokens": len(greedy),
                 "lossless": True,
             }
         )
@@ -118,7 +120,7 @@ def bench_prompt(
             elif real and not sampled:
                 rec.update(
                     _greedy_loop(target, drafter, prompt_ids, taps, budget=budget, bench=bench,
-                                 stop_ids=stop_ids, greedy=greedy.tokens)
+                                 stop_ids=stop_ids, greedy=greedy)
                 )  # fmt: skip
         records.append(rec)
     return records
@@ -200,15 +202,6 @@ def divergence(target: nn.Module, prompt_ids: Sequence[int], greedy: list[int], 
     return {"index": i, "margin": margin, "tolerance": tol, "tie": abs(margin) <= tol}
 
 
-def prompt_ids_of(record: dict, tokenizer, thinking: bool) -> list[int]:
-    """A prompt record (any shape `dataset.prompts` accepts) through the chat template."""
-    msgs = prompt_messages(record)
-    if tokenizer.chat_template is None:
-        return tokenizer(render(tokenizer, msgs, thinking), add_special_tokens=True)["input_ids"]
-    text = render(tokenizer, msgs, thinking, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 def drafter_taps(drafter_dir: str) -> list[int]:
     cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
     return [int(t) for t in cfg["dflash_config"]["target_layer_ids"]]
@@ -225,20 +218,17 @@ def _bench_key(
     taps: list[int] | None,
     dataset: str,
     target_cfg: dict,
+    reference_path: str | None = None,
 ) -> str:
-    """What a partial benchmark file must have been made with to be resumed (a retrained drafter starts
-    afresh)."""
-
-    def stamp(p: Path) -> tuple:
-        st = p.stat() if p.exists() else None
-        return (str(p), st.st_size, st.st_mtime_ns) if st else (str(p),)
-
+    """What a partial benchmark file must have been made with to be resumed (a retrained drafter, or target
+    answers made again, start it afresh)."""
     d = Path(drafter_dir)
     return content_hash(
         target_dir,
-        stamp(d / "config.json"),
-        stamp(d / "model.safetensors"),
-        stamp(Path(prompts_path)),
+        file_stamp(d / "config.json"),
+        file_stamp(d / "model.safetensors"),
+        file_stamp(prompts_path),
+        *([file_stamp(reference_path)] if reference_path else []),
         part,
         parts,
         bench,
@@ -246,24 +236,6 @@ def _bench_key(
         dataset,
         target_cfg,
     )
-
-
-def read_partial(path, key: str) -> dict[int, list[dict]]:
-    """Finished prompts of a killed run: index -> records. A torn last line (killed mid-write) is dropped."""
-    done: dict[int, list[dict]] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return done
-    if not lines or lines[0] != json.dumps({"key": key}):
-        return done  # made with another drafter, config or prompt file: start afresh
-    for line in lines[1:]:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        done[int(row["index"])] = row["records"]
-    return done
 
 
 def run_bench(
@@ -279,15 +251,15 @@ def run_bench(
     dataset: str | None = None,
     gpus: int = 1,
     target_cfg: dict | None = None,
+    reference_path: str | None = None,
 ) -> int:
     """Benchmarks prompts part::parts of a prompt file on one model copy (`gpus` devices from the pool);
-    writes one JSON line per record.
+    writes one JSON line per record. `reference_path`: the target's answers to the same part, decoded once
+    for every drafter (speculative/reference.py); without it each prompt's are decoded here.
 
     Each finished prompt is appended (and fsynced) to `<out>.partial`, so a killed job's rerun skips the
     prompts it already did; the output appears, complete, by rename at the end.
     """
-    from tqdm import tqdm
-
     dataset = dataset or Path(prompts_path).stem
     mine = part_prompts(prompts_path, bench, part=part, parts=parts)
     out = Path(out_path)
@@ -295,37 +267,28 @@ def run_bench(
     partial = tmp_path(out)
     target_cfg = target_cfg or {}
     key = _bench_key(
-        target_dir,
-        drafter_dir,
-        prompts_path=prompts_path,
-        part=part,
-        parts=parts,
-        bench=bench,
-        taps=taps,
-        dataset=dataset,
-        target_cfg=target_cfg,
-    )
-    done = _resume_partial(partial, key, count=len(mine))
+        target_dir, drafter_dir, prompts_path=prompts_path, part=part, parts=parts, bench=bench, taps=taps,
+        dataset=dataset, target_cfg=target_cfg, reference_path=reference_path,
+    )  # fmt: skip
+    done = resume_partial(partial, key, count=len(mine))
     todo = [i for i in range(len(mine)) if i not in done]
     models: Models | None = None
     with acquire(gpus if todo else 0) as devices, partial.open("a") as log_f:
         if todo:
             models = load_models(target_dir, drafter_dir, devices=devices, target_cfg=target_cfg, bench=bench)
-            tap_ids = taps or drafter_taps(drafter_dir)
-            thinking = bool(bench["thinking"])
-            for w in range(int(bench["warmup"])):  # compile kernels, warm allocators
-                ids = prompt_ids_of(mine[todo[0]], models.tokenizer, thinking)
-                _bench_with(models, ids, taps=tap_ids, bench=bench, seed=w)
-            for n, i in enumerate(tqdm(todo, desc=f"bench {dataset} part {part}", unit="prompt"), 1):
-                rec = mine[i]
-                ids = prompt_ids_of(rec, models.tokenizer, thinking)
-                rows = [
-                    {"dataset": dataset, "id": str(rec.get("id", part + i * parts)), **r}
-                    for r in _bench_with(models, ids, taps=tap_ids, bench=bench, seed=part + i * parts)
-                ]
-                done[i] = rows
-                _append_done(log_f, i, rows)
-                faults.pause(f"bench:{n}")  # a drill: killed here, the rerun starts at the next prompt
+            ids = [prompt_ids_of(rec, models.tokenizer, bool(bench["thinking"])) for rec in mine]
+            answers: Sequence[TargetAnswers | None] = [None] * len(mine)
+            if reference_path:
+                made_with = reference_key(
+                    target_dir, prompts_path=prompts_path, part=part, parts=parts, bench=bench,
+                    dataset=dataset, target_cfg=target_cfg,
+                )  # fmt: skip
+                answers = read_reference(reference_path, key=made_with, prompts=ids)
+            taps = taps or drafter_taps(drafter_dir)
+            done.update(
+                _bench_todo(models, mine, ids, answers, todo, log_f, taps=taps, bench=bench, dataset=dataset,
+                            part=part, parts=parts)
+            )  # fmt: skip
         rows = [r for i in sorted(done) for r in done[i]]
         check = functools.partial(
             fp32_check, target_dir, drafter_dir, mine, dataset=dataset, part=part, parts=parts, rows=rows,
@@ -338,6 +301,35 @@ def run_bench(
     write_jsonl(out, rows, tmp=out.with_name(out.name + ".tmp"))  # tmp_path(out) holds the progress
     partial.unlink()
     return len(rows)
+
+
+def _bench_todo(
+    models: Models,
+    mine: list[dict],
+    ids: list[list[int]],
+    answers: Sequence[TargetAnswers | None],
+    todo: list[int],
+    log_f: TextIO,
+    *,
+    taps: list[int],
+    bench: dict,
+    dataset: str,
+    part: int,
+    parts: int,
+) -> dict[int, list[dict]]:
+    """The prompts not done yet, each appended to the partial file as it ends; the warm-up first."""
+    from tqdm import tqdm
+
+    for w in range(int(bench["warmup"])):  # compile kernels, warm allocators
+        _bench_with(models, ids[todo[0]], taps=taps, bench=bench, seed=w, reference=answers[todo[0]])
+    done = {}
+    for n, i in enumerate(tqdm(todo, desc=f"bench {dataset} part {part}", unit="prompt"), 1):
+        seed = part + i * parts
+        got = _bench_with(models, ids[i], taps=taps, bench=bench, seed=seed, reference=answers[i])
+        done[i] = [{"dataset": dataset, "id": str(mine[i].get("id", seed)), **r} for r in got]
+        append_done(log_f, i, done[i])
+        faults.pause(f"bench:{n}")  # a drill: killed here, the rerun starts at the next prompt
+    return done
 
 
 def fp32_check(
@@ -425,26 +417,6 @@ class Models:
     stop_ids: list[int]
 
 
-def part_prompts(prompts_path: str, bench: dict, *, part: int, parts: int) -> list[dict]:
-    """This part's share of the prompt file (every `parts`-th readable record, after the max_prompts cut)."""
-    records = read_prompts(prompts_path)  # a bad line stops the job naming FILE:LINE (preflight checks first)
-    if bench["max_prompts"]:
-        records = records[: int(bench["max_prompts"])]
-    return records[part::parts]
-
-
-def _resume_partial(partial: Path, key: str, *, count: int) -> dict[int, list[dict]]:
-    """The finished prompts that a killed run with the same key left, with the partial file rewritten to hold
-    only them (a torn last line would otherwise sit before the next appended one)."""
-    done = {i: r for i, r in read_partial(partial, key).items() if i < count}
-    if done:
-        logging.getLogger(__name__).info(
-            "resuming: %d of %d prompts already benchmarked in %s", len(done), count, partial
-        )
-    write_jsonl(partial, [{"key": key}] + [{"index": i, "records": r} for i, r in sorted(done.items())])
-    return done
-
-
 def load_models(target_dir: str, drafter_dir: str, *, devices: list, target_cfg: dict, bench: dict) -> Models:
     """The target on the pool's devices and the drafter beside it, cut to bench.block_size when that is
     set."""
@@ -457,7 +429,13 @@ def load_models(target_dir: str, drafter_dir: str, *, devices: list, target_cfg:
 
 
 def _bench_with(
-    models: Models, prompt_ids: list[int], *, taps: list[int], bench: dict, seed: int
+    models: Models,
+    prompt_ids: list[int],
+    *,
+    taps: list[int],
+    bench: dict,
+    seed: int,
+    reference: TargetAnswers | None = None,
 ) -> list[dict]:
     """`bench_prompt` on the loaded models: the warm-up and the measured prompts make the same call."""
     return bench_prompt(
@@ -468,11 +446,5 @@ def _bench_with(
         bench=bench,
         stop_ids=models.stop_ids,
         seed=seed,
+        reference=reference,
     )
-
-
-def _append_done(log_f: TextIO, index: int, rows: list[dict]) -> None:
-    """One finished prompt onto the partial file, on disk before the next prompt starts."""
-    log_f.write(json.dumps({"index": index, "records": rows}) + "\n")
-    log_f.flush()
-    os.fsync(log_f.fileno())

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpus", type=int, default=1, help="GPUs per model copy (the probe's decision)")
     ap.add_argument("--target-json", default="{}", help="the config's target section (dtype, revision, ...)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--reference", default=None, help="the target's answers to this part (bench_reference)")
     a = ap.parse_args(argv)
     setup_logging()
     set_threads(a.threads)
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         dataset=a.dataset,
         gpus=a.gpus,
         target_cfg=section_arg(a.target_json, "target"),
+        reference_path=a.reference,
     )
     print(f"{n} records -> {a.out}")
 

@@ -76,7 +76,11 @@ def test_fewer_shards_than_slots_are_answered_by_several_jobs_each():
     """Ahead of the rounds every slot answers at once: 2 shards on 8 slots take 4 jobs each, every 4th sample
     each, covering the shard once; one round, or a pinned count, keeps what the config says."""
     config = with_defaults("data", {"regenerate": {"enabled": True}})
-    config = {"data": config, "bench": {"parts": 1, "datasets": []}, "train": with_defaults("train")}
+    config = {
+        "data": config,
+        "bench": with_defaults("bench", {"parts": 1, "datasets": []}),
+        "train": with_defaults("train"),
+    }
     config["extract"] = with_defaults("extract")
     assert answer_jobs(config, rounds=4, base_shards=2, slots=8) == 4
     assert answer_jobs(config, rounds=4, base_shards=3, slots=8) == 3  # ceil: a slot may answer twice
@@ -117,6 +121,10 @@ def test_a_studys_sizes_are_planned_as_the_drafters_they_train_and_bench():
     reused = job_counts(config, rounds=4, base_shards=2, slots=8)
     assert reused["training"] == 3 * (4 * 2 - 1 + 1) and reused["extraction"] == 2 * (4 * 2 - 1 + 1), reused
     assert 4 * extraction_passes(2, 4, reuse_last=True) == 4 * 2 - 1  # the rounds extracted, as the jobs say
+    # without real loops the target's answers are decoded once, by a reference job a part, for every size
+    config["bench"]["real_loop"] = False
+    assert _work(config, size, bench_prompts=10)["bench_tokens"] == 10 * config["bench"]["max_new_tokens"]
+    assert job_counts(config, rounds=4, base_shards=2, slots=8)["bench"] == (3 + 1) * 2
 
 
 def test_each_epoch_visits_the_rounds_in_its_own_order():

@@ -51,7 +51,7 @@ def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(se
         drafter={"num_layers": 1, "block_size": 4},
         train={"epochs": 1, "anchors_per_seq": 8, "token_budget": 512},
         bench={"datasets": [{"name": "gsm", "path": f"{url}/test.jsonl"}], "max_new_tokens": 10,
-               "ddtree_budgets": [4], "parts": 1, "warmup": 0},
+               "ddtree_budgets": [4], "parts": 1, "warmup": 0, "real_loop": False},
         study={"train_samples": [6]},
     )  # fmt: skip
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
@@ -81,11 +81,13 @@ def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(se
 
     # the plan counts each size's training and bench, and checks them against their jobs
     rows = {r["stage"]: r for r in json.loads((res / "plan/measured.json").read_text())["rows"]}
-    assert rows["training"]["jobs"] == 2 and rows["bench"]["jobs"] == 2, rows  # the main run's and n6's
+    # the main run's and n6's; and, tau only, one reference job: the target's answers, decoded once for both
+    assert rows["training"]["jobs"] == 2 and rows["bench"]["jobs"] == 3, rows
+    assert len(list((res / "bench/reference").glob("gsm.*.jsonl"))) == 1
     assert "with the study's 1 size" in json.loads((res / "plan.json").read_text())["stages"]["bench"]["source"]
 
     # a new size trains, exports and benchmarks only that size (and plans it): nothing upstream, nor the main
-    # run, again
+    # run, nor the target's answers, again
     cfg["study"]["train_samples"] = [6, 12]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     planned = job_counts(snakemake("all", "-n", *args).stdout)

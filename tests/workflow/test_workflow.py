@@ -237,6 +237,7 @@ DOWNSTREAM = {
     "train",
     "export",
     "bench",
+    "bench_reference",
     "report",
     "plan_check",
     "all",

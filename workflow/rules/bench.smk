@@ -1,7 +1,37 @@
+rule bench_reference:
+    input:
+        unpack(target_input),
+        unpack(prompts_input),
+        probe=ancient(rules.probe.output.json),
+    output:
+        records=f"{RESULTS}/bench/reference/{{dataset}}.{{part}}.jsonl",
+    log:
+        f"{RESULTS}/logs/bench/reference/{{dataset}}.{{part}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/bench/reference/{{dataset}}.{{part}}.tsv"
+    conda:
+        "../../envs/gpu.yaml"
+    threads: cpu_threads()
+    resources:
+        gpu=extract_gpus,
+    params:
+        target=target_path(),
+        prompts=lambda wildcards: prompts_path(wildcards.dataset),
+        parts=BENCH_PARTS,
+        bench=as_json("bench", keep=BENCH_REFERENCE_KEYS),
+        tcfg=target_json(drop=DATA_JOB_DROP),
+    shell:
+        "python -m draftsmith.steps.bench_reference --target {params.target} --target-json {params.tcfg}"
+        " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"
+        " --parts {params.parts} --bench-json {params.bench} --gpus {resources.gpu} --threads {threads}"
+        " --out {output.records} > {log} 2>&1"
+
+
 rule bench:
     input:
         unpack(target_input),
         unpack(prompts_input),
+        unpack(get_bench_reference),
         drafter=rules.export.output.drafter,
         probe=ancient(rules.probe.output.json),
     output:
@@ -23,11 +53,12 @@ rule bench:
         parts=BENCH_PARTS,
         bench=as_json("bench", drop=("compare", "datasets", "engine")),
         tcfg=target_json(drop=DATA_JOB_DROP),
+        reference=reference_arg,
     shell:
         "python -m draftsmith.steps.bench --target {params.target} --drafter {input.drafter} --target-json {params.tcfg}"
         " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"
         " --parts {params.parts} --bench-json {params.bench} --gpus {resources.gpu} --threads {threads}"
-        " --out {output.records} > {log} 2>&1"
+        " {params.reference} --out {output.records} > {log} 2>&1"
 
 
 rule report:

@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from draftsmith.config import data_sources, is_url
+from draftsmith.config import BENCH_REFERENCE_KEYS, data_sources, is_url
 from draftsmith.preflight import preflight, problems_message
 from draftsmith.dataset.fetch import fetched_name
 from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
@@ -283,6 +283,26 @@ def bench_parts():
 
 
 BENCH_PARTS = bench_parts()
+
+
+def get_bench_reference(wildcards):
+    """Without real loops a bench job replays its drafter against the target's answers, which one reference
+    job a part decodes for every drafter (draftsmith/speculative/reference.py); a real loop's job times its own
+    autoregressive decode, on the same GPU share, so it decodes them itself."""
+    if config["bench"]["real_loop"]:
+        return {}
+    path = str(rules.bench_reference.output.records)
+    return {"reference": path.format(dataset=wildcards.dataset, part=wildcards.part)}
+
+
+def reference_arg(wildcards, input):
+    return (
+        f"--reference {shlex.quote(input.reference)}"
+        if "reference" in input.keys()
+        else ""
+    )
+
+
 BENCH_DATASETS = {d["name"]: d["path"] for d in config["bench"]["datasets"]}
 # the engine bench (bench.engine): in the DAG where vLLM can be imported, or its job's conda environment brings it
 CONDA_JOBS = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
@@ -622,6 +642,10 @@ def dag_layout():
             ],
         }
     stages["bench"] = [[str(rules.bench.benchmark), 0]]
+    if not config["bench"][
+        "real_loop"
+    ]:  # the target's answers, decoded once for every drafter
+        stages["bench"].append([str(rules.bench_reference.benchmark), 0])
     if STUDY_SIZES:  # each size's trainings and benches, as the main run's
         if ROUNDS > 1:
             stages["training"] += round_trainings(

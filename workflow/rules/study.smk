@@ -96,6 +96,7 @@ use rule bench as study_bench with:
     input:
         unpack(target_input),
         unpack(prompts_input),
+        unpack(get_bench_reference),
         drafter=rules.study_export.output.drafter,
         probe=ancient(rules.probe.output.json),
     output:
