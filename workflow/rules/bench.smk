@@ -51,14 +51,13 @@ rule bench:
         target=target_path(),
         prompts=lambda wildcards: prompts_path(wildcards.dataset),
         parts=BENCH_PARTS,
-        bench=as_json("bench", drop=("compare", "datasets", "engine")),
+        bench=get_bench_args,
         tcfg=target_json(drop=DATA_JOB_DROP),
-        reference=reference_arg,
     shell:
         "python -m draftsmith.steps.bench --target {params.target} --drafter {input.drafter} --target-json {params.tcfg}"
         " --prompts {params.prompts} --dataset {wildcards.dataset} --part {wildcards.part}"
         " --parts {params.parts} --bench-json {params.bench} --gpus {resources.gpu} --threads {threads}"
-        " {params.reference} --out {output.records} > {log} 2>&1"
+        " --out {output.records} > {log} 2>&1"
 
 
 rule report:

@@ -283,26 +283,6 @@ def bench_parts():
 
 
 BENCH_PARTS = bench_parts()
-
-
-def get_bench_reference(wildcards):
-    """Without real loops a bench job replays its drafter against the target's answers, which one reference
-    job a part decodes for every drafter (draftsmith/speculative/reference.py); a real loop's job times its own
-    autoregressive decode, on the same GPU share, so it decodes them itself."""
-    if config["bench"]["real_loop"]:
-        return {}
-    path = str(rules.bench_reference.output.records)
-    return {"reference": path.format(dataset=wildcards.dataset, part=wildcards.part)}
-
-
-def reference_arg(wildcards, input):
-    return (
-        f"--reference {shlex.quote(input.reference)}"
-        if "reference" in input.keys()
-        else ""
-    )
-
-
 BENCH_DATASETS = {d["name"]: d["path"] for d in config["bench"]["datasets"]}
 # the engine bench (bench.engine): in the DAG where vLLM can be imported, or its job's conda environment brings it
 CONDA_JOBS = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
@@ -319,6 +299,27 @@ try:
     ENGINE = engine_wanted()
 except RuntimeError as e:
     raise WorkflowError(str(e)) from None
+
+
+def get_bench_reference(wildcards):
+    """Without real loops a bench job replays its drafter against the target's answers, which one reference
+    job a part decodes for every drafter (draftsmith/speculative/reference.py); a real loop's job times its own
+    autoregressive decode, on the same GPU share, so it decodes them itself."""
+    if config["bench"]["real_loop"]:
+        return {}
+    path = str(rules.bench_reference.output.records)
+    return {"reference": path.format(dataset=wildcards.dataset, part=wildcards.part)}
+
+
+def get_bench_args(wildcards):
+    """The bench step's settings, and the target's answers where the job takes them (get_bench_reference).
+    They ride with the settings' argument: a new word in the rule's command would rerun every finished bench
+    job (Snakemake's code trigger), and only a tau-only bench reads them."""
+    settings = as_json("bench", drop=("compare", "datasets", "engine"))
+    answers = get_bench_reference(wildcards)
+    if not answers:
+        return settings
+    return f"{settings} --reference {shlex.quote(answers['reference'])}"
 
 
 def compare_args():
@@ -642,9 +643,8 @@ def dag_layout():
             ],
         }
     stages["bench"] = [[str(rules.bench.benchmark), 0]]
-    if not config["bench"][
-        "real_loop"
-    ]:  # the target's answers, decoded once for every drafter
+    # without real loops, the target's answers: decoded once for every drafter
+    if not config["bench"]["real_loop"]:
         stages["bench"].append([str(rules.bench_reference.benchmark), 0])
     if STUDY_SIZES:  # each size's trainings and benches, as the main run's
         if ROUNDS > 1:
