@@ -491,7 +491,7 @@ def test_killed_benchmark_resumes_without_redoing_finished_prompts(setup, tmp_pa
     assert len(partial) == 2 and partial[1]["index"] == 0  # the key line, then the first prompt
     rerun = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert "resuming: 1 of 3 prompts already benchmarked" in rerun.stderr
+    assert "resuming: 1 of 3 prompts already done" in rerun.stderr
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["p0", "p0", "p1", "p1", "p2", "p2"]
     assert records[:2] == partial[1]["records"]  # kept, timings included: not redone
