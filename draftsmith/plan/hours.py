@@ -85,10 +85,12 @@ def job_counts(config: dict, *, rounds: int, base_shards: int, slots: int) -> di
 
 
 def bench_decodes(bench: dict, *, drafters: int = 1) -> int:
-    """Decodes a bench prompt costs for `drafters` drafters: the target's greedy answer, and a real loop per
-    method where they run. Without real loops the answer is decoded once for all of them (a reference job)."""
+    """Decodes a bench prompt costs for `drafters` drafters: the target's greedy answer (and above
+    temperature 0 a sample), and a real loop per method where they run. Without real loops the answers are
+    decoded once for all of them (a reference job)."""
     runs = ("dflash" in bench["methods"]) + len(bench["ddtree_budgets"]) * ("ddtree" in bench["methods"])
-    return drafters * (1 + runs) if bench["real_loop"] else 1
+    answers = 1 + (float(bench["temperature"]) > 0)
+    return drafters * (answers + runs) if bench["real_loop"] else answers
 
 
 def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:

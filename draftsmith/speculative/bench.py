@@ -31,7 +31,13 @@ from draftsmith.speculative.proposers import (
     fp32_drafter,
     load_block_drafter,
 )
-from draftsmith.speculative.reference import TargetAnswers, read_reference, reference_key, target_answers
+from draftsmith.speculative.reference import (
+    TargetAnswers,
+    check_reference,
+    read_reference,
+    reference_key,
+    target_answers,
+)
 from draftsmith.speculative.replay import ar_generate, replay, target_hidden, tau
 from draftsmith.target.kernels import exact_fp32
 from draftsmith.target.load import eos_ids_of, load_configured_target
@@ -70,6 +76,8 @@ def bench_prompt(
     block = drafter.block_size
     hybrid = is_hybrid(target)
     answers = reference or target_answers(target, prompt_ids, bench, stop_ids=stop_ids, seed=seed)
+    if sampled and answers.sampled is None:
+        raise ValueError("bench above temperature 0 with target answers that hold no sample (made at 0)")
     greedy = answers.greedy
     continuation = answers.sampled if sampled and answers.sampled is not None else greedy
     tokens = list(prompt_ids) + continuation
@@ -270,6 +278,15 @@ def run_bench(
         target_dir, drafter_dir, prompts_path=prompts_path, part=part, parts=parts, bench=bench, taps=taps,
         dataset=dataset, target_cfg=target_cfg, reference_path=reference_path,
     )  # fmt: skip
+    made_with = reference_key(
+        target_dir, prompts_path=prompts_path, part=part, parts=parts, bench=bench, dataset=dataset,
+        target_cfg=target_cfg,
+    )  # fmt: skip
+    if reference_path:  # refused before any model loads
+        if bench["real_loop"]:
+            raise ValueError("bench.real_loop: the real loops are timed against this job's own decode; "
+                             "drop --reference")  # fmt: skip
+        check_reference(reference_path, key=made_with)
     done = resume_partial(partial, key, count=len(mine))
     todo = [i for i in range(len(mine)) if i not in done]
     models: Models | None = None
@@ -279,10 +296,6 @@ def run_bench(
             ids = [prompt_ids_of(rec, models.tokenizer, bool(bench["thinking"])) for rec in mine]
             answers: Sequence[TargetAnswers | None] = [None] * len(mine)
             if reference_path:
-                made_with = reference_key(
-                    target_dir, prompts_path=prompts_path, part=part, parts=parts, bench=bench,
-                    dataset=dataset, target_cfg=target_cfg,
-                )  # fmt: skip
                 answers = read_reference(reference_path, key=made_with, prompts=ids)
             taps = taps or drafter_taps(drafter_dir)
             done.update(

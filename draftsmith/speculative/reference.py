@@ -59,10 +59,12 @@ def target_answers(
 def reference_key(
     target_dir: str, *, prompts_path: str, part: int, parts: int, bench: dict, dataset: str, target_cfg: dict
 ) -> str:
-    """What a reference (or its partial file) was made with; a bench job refuses one made otherwise."""
+    """What a reference (or its partial file) was made with; a bench job refuses one made otherwise. The
+    target is named as the config names it: a hub id resolves to a cache path that may differ between jobs."""
     settings = {k: bench[k] for k in BENCH_REFERENCE_KEYS}
+    target = target_cfg.get("model") or target_dir
     return content_hash(
-        "reference", target_dir, file_stamp(prompts_path), part, parts, settings, dataset, target_cfg
+        "reference", target, file_stamp(prompts_path), part, parts, settings, dataset, target_cfg
     )
 
 
@@ -114,16 +116,21 @@ def run_reference(
     return len(rows) - 1
 
 
-def read_reference(path: str | Path, *, key: str, prompts: Sequence[Sequence[int]]) -> list[TargetAnswers]:
-    """A reference's answers, checked against the bench job's own prompts: same settings, same tokens."""
-    lines = Path(path).read_text().splitlines()
-    head = json.loads(lines[0]) if lines else {}
-    if head.get("key") != key:
+def check_reference(path: str | Path, *, key: str) -> None:
+    """Refuses a reference made with other settings, from its first line: before a bench job loads a model."""
+    with open(path) as f:
+        first = f.readline()
+    if (json.loads(first) if first.strip() else {}).get("key") != key:
         raise ValueError(
             f"{path}: the target's answers were made for another target, prompt file or bench setting than "
             "this bench job's; delete the file and rerun, and its rule makes them again"
         )
-    rows = [json.loads(line) for line in lines[1:]]
+
+
+def read_reference(path: str | Path, *, key: str, prompts: Sequence[Sequence[int]]) -> list[TargetAnswers]:
+    """A reference's answers, checked against the bench job's own prompts: same settings, same tokens."""
+    check_reference(path, key=key)
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()[1:]]
     if len(rows) != len(prompts):
         raise ValueError(f"{path}: {len(rows)} answers for {len(prompts)} prompts; delete the file and rerun")
     for row, ids in zip(rows, prompts):

@@ -73,10 +73,14 @@ def test_a_reference_made_otherwise_is_refused_naming_its_file(attention_target,
     run_reference(str(attention_target), out_path=str(ref), bench=bench, **where)
     drafter, out = str(tmp_path / "drafter"), str(tmp_path / "out.jsonl")
     longer = {**bench, "max_new_tokens": 7}
+    missing = str(tmp_path / "no-drafter")  # refused from the file's first line, before any model loads
     with pytest.raises(ValueError, match="reference.jsonl: the target's answers were made for another"):
         run_bench(
-            str(attention_target), drafter, out_path=out, reference_path=str(ref), bench=longer, **where
+            str(attention_target), missing, out_path=out, reference_path=str(ref), bench=longer, **where
         )
+    with pytest.raises(ValueError, match="real_loop: the real loops are timed against this job's own decode"):
+        real = {**bench, "real_loop": True}
+        run_bench(str(attention_target), missing, out_path=out, reference_path=str(ref), bench=real, **where)
     # tampered tokens (another tokenizer's): refused too, naming the prompt
     rows = [json.loads(x) for x in ref.read_text().splitlines()]
     rows[2]["prompt_ids"] = rows[2]["prompt_ids"][:-1]
