@@ -151,6 +151,12 @@ for phase in "$@"; do
                 echo "extract: {disk_budget: 25GB}" > /tmp/study/small_disk.yaml && EXTRA="$EXTRA /tmp/study/small_disk.yaml"
                 echo "a small disk: extract.disk_budget 25GB" >> $LOG
             fi
+            # no answer cache carried: the answers first, so that the plan weighs the rounds on their lengths.
+            # Before any answer exists it sizes them at their bound (512 tokens), which at the 40k study's 30 GB
+            # makes about twice the rounds (and positions) the answers' real lengths need
+            if [ ! -d $R/answers/cache ]; then
+                LOG=/tmp/study/answers_first.log study answers answers --configfile $CFG $OVERLAY $EXTRA
+            fi
             # the plan rule first: a DAG built before the data was prepared holds an estimate's rounds, and the
             # plan rule stops such a run once it has weighed the prepared shards; the next parse plans from them.
             # Its own log: that stop is expected, and an error in the run's log would read as the run's end
@@ -189,9 +195,9 @@ for phase in "$@"; do
         done
         grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
         grep -l -i -E "traceback" $R/logs/*.log $R/logs/*/*.log $R/logs/*/*/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
-        cp /tmp/study/*.log /tmp/study/*.json "$OUT/" 2>/dev/null
-        # the answer cache's parts (15 MB each: a call brings back 16 MiB a file, 64 MiB in all; ANSWER_PARTS,
-        # e.g. 'aa ab', picks some when they pass that)
+        # the session's logs in one file (a call brings back 8 files at most, 16 MiB each, 64 MiB together)
+        tar czf "$OUT/study_logs.tgz" -C /tmp/study $(cd /tmp/study && ls *.log *.json recipe.yaml 2>/dev/null)
+        # the answer cache's parts (15 MB each; ANSWER_PARTS, e.g. 'aa ab', picks some when they pass that)
         for part in ${ANSWER_PARTS:-$(ls /tmp/study 2>/dev/null | sed -n 's/^answers\.tgz\.//p')}; do
             cp /tmp/study/answers.tgz.$part "$OUT/"
         done
@@ -199,13 +205,18 @@ for phase in "$@"; do
         # prompt files are under inputs
         tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' $R 2>/dev/null
-        # the largest size's exported drafter (about 25 MB, in 15 MB parts) once it exists: a session that ends
-        # before the benches can still bench it on another machine (the plan, the rates and measured.md are in
-        # the tarball; a call brings back 8 files at most, 16 MiB each)
-        [ -f $R/drafter/model.safetensors ] && tar czf - -C $R drafter | split -b 15m - "$OUT/drafter.tgz."
+        # the exported drafters (the run's and each study size's, about 25 MB each, in 15 MB parts), each once,
+        # two a call: a session that ends before the benches can still bench them on another machine (the plan,
+        # the rates and measured.md are in the tarball)
+        sent=0
+        for d in $R/drafter $R/study/n*/drafter; do
+            name=$(basename $(dirname $d)); [ $d = $R/drafter ] && name=drafter
+            [ -f $d/model.safetensors ] && [ $sent -lt 2 ] && ! grep -qx $name /tmp/study/sent 2>/dev/null || continue
+            tar czf - -C $R ${d#$R/} | split -b 15m - "$OUT/$name.tgz." && echo $name >> /tmp/study/sent && sent=$((sent + 1))
+        done
+        echo "drafters brought back so far: $(tr '\n' ' ' < /tmp/study/sent 2>/dev/null)"
         # the sweep's logs where one ran (a call brings back 8 files at most)
         [ -d /tmp/sweep ] && tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
-        cp /tmp/study/recipe.yaml "$OUT/" 2>/dev/null
         cat /tmp/study/sweep.log 2>/dev/null | tail -12; cat /tmp/study/recipe.yaml 2>/dev/null
         cat $R/study/summary.md 2>/dev/null | head -60
         [ -f /tmp/ww/bg.log ] && WAIT_S=0 "$0" width_watch  # the whole-DAG run at real width, if width_start began one

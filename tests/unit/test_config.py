@@ -55,6 +55,7 @@ OVERLAYS = {
     "configs/demo-sliding.yaml": ["config.yaml"],
     "configs/study-smollm2-rounds.yaml": [STUDY],
     "configs/study-smollm2-rounds-2ep.yaml": [STUDY, "configs/study-smollm2-rounds.yaml"],
+    "configs/study-smollm2-40k-5ep.yaml": ["configs/study-smollm2-40k.yaml"],
     "configs/study-smollm2-40k-6ep.yaml": ["configs/study-smollm2-40k.yaml"],
     "configs/study-smollm2-40k-half-12ep.yaml": ["configs/study-smollm2-40k.yaml"],
 }
