@@ -153,9 +153,11 @@ for phase in "$@"; do
             fi
             # no answer cache carried: the answers first, so that the plan weighs the rounds on their lengths.
             # Before any answer exists it sizes them at their bound (512 tokens), which at the 40k study's 30 GB
-            # makes about twice the rounds (and positions) the answers' real lengths need
+            # makes about twice the rounds (and positions) the answers' real lengths need. The study's own config
+            # alone: the overlays change training and benches, not the answers, and one that trains on part of
+            # the data (train.max_samples) is refused in the rounds an estimate would plan
             if [ ! -d $R/answers/cache ]; then
-                LOG=/tmp/study/answers_first.log study answers answers --configfile $CFG $OVERLAY $EXTRA
+                LOG=/tmp/study/answers_first.log study answers answers --configfile $CFG
             fi
             # the plan rule first: a DAG built before the data was prepared holds an estimate's rounds, and the
             # plan rule stops such a run once it has weighed the prepared shards; the next parse plans from them.
@@ -209,12 +211,12 @@ for phase in "$@"; do
         # two a call: a session that ends before the benches can still bench them on another machine (the plan,
         # the rates and measured.md are in the tarball)
         sent=0
-        for d in $R/drafter $R/study/n*/drafter; do
-            name=$(basename $(dirname $d)); [ $d = $R/drafter ] && name=drafter
+        for d in $R/drafter $(ls -d $R/study/n*/drafter 2>/dev/null); do
+            name=$(basename "$(dirname "$d")"); [ $d = $R/drafter ] && name=drafter
             [ -f $d/model.safetensors ] && [ $sent -lt 2 ] && ! grep -qx $name /tmp/study/sent 2>/dev/null || continue
             tar czf - -C $R ${d#$R/} | split -b 15m - "$OUT/$name.tgz." && echo $name >> /tmp/study/sent && sent=$((sent + 1))
         done
-        echo "drafters brought back so far: $(tr '\n' ' ' < /tmp/study/sent 2>/dev/null)"
+        echo "drafters brought back so far: $(cat /tmp/study/sent 2>/dev/null | tr '\n' ' ')"
         # the sweep's logs where one ran (a call brings back 8 files at most)
         [ -d /tmp/sweep ] && tar czf "$OUT/sweep_logs.tgz" /tmp/sweep/*/train.log /tmp/sweep/*/summary.json 2>/dev/null
         cat /tmp/study/sweep.log 2>/dev/null | tail -12; cat /tmp/study/recipe.yaml 2>/dev/null

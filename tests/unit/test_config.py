@@ -57,7 +57,7 @@ OVERLAYS = {
     "configs/study-smollm2-rounds-2ep.yaml": [STUDY, "configs/study-smollm2-rounds.yaml"],
     "configs/study-smollm2-40k-5ep.yaml": ["configs/study-smollm2-40k.yaml"],
     "configs/study-smollm2-40k-6ep.yaml": ["configs/study-smollm2-40k.yaml"],
-    "configs/study-smollm2-40k-half-12ep.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-half-10ep.yaml": ["configs/study-smollm2-40k.yaml"],
 }
 CONFIGS = ["config.yaml"] + sorted(f"configs/{p.name}" for p in (REPO / "configs").glob("*.yaml"))
 USERS_RECORDS = "data/"  # where a model preset expects the user's own records and prompts

@@ -83,6 +83,10 @@ def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(se
     rows = {r["stage"]: r for r in json.loads((res / "plan/measured.json").read_text())["rows"]}
     # the main run's and n6's; and, tau only, one reference job: the target's answers, decoded once for both
     assert rows["training"]["jobs"] == 2 and rows["bench"]["jobs"] == 3, rows
+    # the check runs after every size's bench, so none is missing from it
+    assert rows["bench"]["missing"] == rows["training"]["missing"] == 0, rows
+    benches = list((res / "study").glob("n*/bench/parts/*.jsonl"))
+    assert benches and (res / "plan/measured.json").stat().st_mtime >= max(p.stat().st_mtime for p in benches)
     assert len(list((res / "bench/reference").glob("gsm.*.jsonl"))) == 1
     assert "with the study's 1 size" in json.loads((res / "plan.json").read_text())["stages"]["bench"]["source"]
 
@@ -100,6 +104,8 @@ def test_study_trains_each_size_on_the_same_data_and_plots_tau_against_tokens(se
         "plan_check": 1,
         "all": 1,
     }, planned
+    # the plan's check needs every size's bench: asked for alone, it brings them in
+    assert job_counts(snakemake("plan_check", "-n", "--forceall", *args).stdout)["study_bench"] == 2
 
 
 def test_trainings_of_a_study_share_the_cores_of_a_gpu_node(tmp_path, tokenizer):

@@ -341,6 +341,13 @@ def study_train_json(wildcards):
     return shlex.quote(json.dumps(values, sort_keys=True))
 
 
+def get_plan_check_study(wildcards):
+    """The study's table when it has sizes: the plan's check reads every size's bench benchmark files, so it
+    runs after the last of them (it once ran while a size's bench was still going, and counted it missing).
+    """
+    return {"study": rules.study.output.csv} if STUDY_SIZES else {}
+
+
 def get_study_parts(wildcards):
     """Every size's bench records and training summary, and the main run's as the largest size."""
     parts = {"main": rules.report.input.parts, "main_train": rules.train.output.summary}

@@ -1,6 +1,7 @@
 # The plan against the run: each stage's GPU-hours from its jobs' benchmark files, beside the plan's.
 rule plan_check:
     input:
+        unpack(get_plan_check_study),
         plan=rules.plan.output.json,
         probe=rules.probe.output.json,
         report=rules.report.output.csv,
