@@ -84,13 +84,24 @@ def job_counts(config: dict, *, rounds: int, base_shards: int, slots: int) -> di
     }
 
 
+def bench_runs(bench: dict) -> int:
+    """The drafter's runs a bench prompt takes: DFlash, and DDTree at each budget."""
+    return ("dflash" in bench["methods"]) + len(bench["ddtree_budgets"]) * ("ddtree" in bench["methods"])
+
+
 def bench_decodes(bench: dict, *, drafters: int = 1) -> int:
     """Decodes a bench prompt costs for `drafters` drafters: the target's greedy answer (and above
     temperature 0 a sample), and a real loop per method where they run. Without real loops the answers are
     decoded once for all of them (a reference job)."""
-    runs = ("dflash" in bench["methods"]) + len(bench["ddtree_budgets"]) * ("ddtree" in bench["methods"])
     answers = 1 + (float(bench["temperature"]) > 0)
-    return drafters * (answers + runs) if bench["real_loop"] else answers
+    return drafters * (answers + bench_runs(bench)) if bench["real_loop"] else answers
+
+
+def replay_share(config: dict, shape: dict) -> float:
+    """A replay round (one drafter forward over a block, at batch 1) as a share of the target's batch-1 decode
+    step: their layers' ratio. Every run of every drafter replays the target's answer, a round a committed
+    run of tokens; the plan counts a round a token, as an untrained drafter commits."""
+    return int(config["drafter"]["num_layers"]) / max(1, int(shape["num_hidden_layers"]))
 
 
 def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
@@ -115,6 +126,11 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
         "bench_tokens": (bench_prompts or 0)
         * int(bench["max_new_tokens"])
         * bench_decodes(bench, drafters=1 + len(sizes)),
+        # answer tokens replayed: every drafter's every run, a round a token
+        "bench_replayed": (bench_prompts or 0)
+        * int(bench["max_new_tokens"])
+        * (1 + len(sizes))
+        * bench_runs(bench),
     }
 
 
@@ -184,8 +200,9 @@ def table_hours(
         f"{w['epochs']:g} epochs{_study_note(w)}; {tsrc}",
         trainers,
     )
-    note = f"{w['bench_prompts']} prompts{_study_note(w)}; {bsrc}"
-    out["bench"] = _row(w["bench_tokens"] / bch, bch, "tokens/s", note, every)
+    note = f"{w['bench_prompts']} prompts{_study_note(w)}, replays included; {bsrc}"
+    bench_tokens = w["bench_tokens"] + w["bench_replayed"] * replay_share(config, shape)
+    out["bench"] = _row(bench_tokens / bch, bch, "tokens/s", note, every)
     return out
 
 
@@ -209,6 +226,7 @@ def timed_hours(
     rounds: int,
     base_shards: int,
     bench_prompts: int | None,
+    shape: dict,
     devices: int | None = None,
 ) -> dict:
     """GPU-hours from this node's timed rates, each job's start-up and loading included (at a shared GPU's
@@ -266,11 +284,12 @@ def timed_hours(
         jobs["training"] * train_job * share * trainers,
     )
     bench = r["bench_tokens_s"]
+    bench_tokens = w["bench_tokens"] + w["bench_replayed"] * replay_share(config, shape)
     out["bench"] = _row(
-        w["bench_tokens"] * bench_answer_share(r, cap=int(config["bench"]["max_new_tokens"])) / bench,
+        bench_tokens * bench_answer_share(r, cap=int(config["bench"]["max_new_tokens"])) / bench,
         bench,
         "tokens/s",
-        f"{w['bench_prompts']} prompts{_study_note(w)}, {jobs['bench']} jobs; {src}",
+        f"{w['bench_prompts']} prompts{_study_note(w)}, {jobs['bench']} jobs, replays included; {src}",
         every,
         jobs["bench"] * target_job * share,
     )

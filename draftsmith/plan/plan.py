@@ -306,7 +306,7 @@ def make_plan(
         )
     if timed:
         plan["stages"] = timed_hours(config, size, timed, gpus=gpus, passes=passes, rounds=plan["rounds"],
-                                     base_shards=base_shards, bench_prompts=bench_prompts,
+                                     base_shards=base_shards, bench_prompts=bench_prompts, shape=shape,
                                      devices=devices)  # fmt: skip
     else:
         plan["stages"] = table_hours(config, size, shape, params, gpu_name=gpu_name, gpus=gpus, passes=passes,

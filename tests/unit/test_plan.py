@@ -18,7 +18,8 @@ import torch
 from draftsmith.config import with_defaults
 from draftsmith.core.units import parse_size
 from draftsmith.dataset.shards import ShardWriter
-from draftsmith.plan.hours import job_counts
+from draftsmith.plan.cli import load_config
+from draftsmith.plan.hours import bench_decodes, bench_runs, job_counts
 from draftsmith.plan.plan import PlanError, decide_rounds, rounds_problems
 from draftsmith.plan.rounds import (
     answer_jobs,
@@ -124,6 +125,11 @@ def test_a_studys_sizes_are_planned_as_the_drafters_they_train_and_bench():
     # without real loops the target's answers are decoded once, by a reference job a part, for every size
     config["bench"]["real_loop"] = False
     assert _work(config, size, bench_prompts=10)["bench_tokens"] == 10 * config["bench"]["max_new_tokens"]
+    # but every size replays every run (DFlash, DDTree at each budget) over those answers, a round a token
+    runs = 1 + len(config["bench"]["ddtree_budgets"])
+    assert bench_runs(config["bench"]) == runs
+    replayed = _work(config, size, bench_prompts=10)["bench_replayed"]
+    assert replayed == 10 * config["bench"]["max_new_tokens"] * 3 * runs
     assert job_counts(config, rounds=4, base_shards=2, slots=8)["bench"] == (3 + 1) * 2
 
 
@@ -350,6 +356,17 @@ def test_the_plan_prices_the_rates_jobs_figures_or_says_why_not(tmp_path):
     assert plan["tokens"] == pytest.approx(plan["data"]["samples"] * plan["data"]["tokens_bound"])
     assert stages["extract, all passes"]["fixed_hours"] == pytest.approx(2 * jobs * (5 + 55 + 20) / 3600)
     assert stages["train, all epochs"]["fixed_hours"] == pytest.approx(8 * (5 + 10 + 60) / 3600)  # 8 ranks
+    # the bench: the target's answers (with the preset's real loops, a loop a run too), and each run's replay
+    # of them, a round a token at the drafter's 5 layers of the target's 64 (the rates job's answers of 1,024
+    # tokens fill the bench's cap)
+    bench, prompts = stages["bench"], int(stages["bench"]["source"].split(" prompts")[0])
+    preset = load_config([str(REPO / "configs/qwen3.6-27b.yaml")])["bench"]
+    tokens = prompts * preset["max_new_tokens"]
+    replayed = tokens * bench_runs(preset) * 5 / 64
+    assert "replays included" in bench["source"] and prompts > 0
+    assert bench["gpu_hours"] - bench["fixed_hours"] == pytest.approx(
+        (tokens * bench_decodes(preset) + replayed) / 30 / 3600
+    )
 
 
 def test_slots_of_one_gpu_share_its_memory_and_its_disk_writes(tmp_path):
