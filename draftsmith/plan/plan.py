@@ -472,28 +472,3 @@ def render(plan: dict) -> str:
     lines = [f"| {a} | {b} | {c} |" for a, b, c in rows]
     lines.insert(1, "| --- | --- | --- |")
     return "\n".join(lines + [f"\n- {n}" for n in plan["notes"]])
-
-
-def rounds_problems(config: dict, rounds: int) -> list[str]:
-    """What training in rounds cannot do yet, named by key."""
-    if rounds == 1:
-        return []
-    problems = []
-    epochs = float(config["train"]["epochs"])
-    if epochs != int(epochs):
-        problems.append(
-            f"train.epochs: {epochs:g}; training in {rounds} rounds visits every sample once an epoch, so "
-            "epochs must be a whole number"
-        )
-    if config["study"]["train_samples"] and config["study"]["budget"] == "steps":
-        problems.append(
-            f"study.budget: steps; in {rounds} rounds each size trains train.epochs passes over its own "
-            "samples, beside the main run's, so sizes compare at equal epochs: set study.budget to epochs, "
-            "or give a budget that holds every hidden state"
-        )
-    if config["train"]["max_samples"] or config["train"]["max_steps"]:
-        problems.append(
-            f"train.max_samples / train.max_steps: not used in {rounds} rounds; set them to null, or give a "
-            "budget that holds every hidden state (extract.disk_budget)"
-        )
-    return problems

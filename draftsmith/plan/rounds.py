@@ -253,3 +253,36 @@ def fewest_rounds(
         if peak_tokens(tokens, held, in_flight=in_flight) <= budget_tokens:
             return rounds
     raise ValueError(f"{samples} samples in {len(shards)} shards allow {most} rounds; none up to that fits")
+
+
+def rounds_problems(config: dict, rounds: int, *, answers_bounded: bool = False) -> list[str]:
+    """What training in rounds cannot do yet, named by key. `answers_bounded`: the rounds were sized before
+    any answer was decoded, at their bound, so decoding them first may leave fewer rounds, or one."""
+    if rounds == 1:
+        return []
+    problems = []
+    epochs = float(config["train"]["epochs"])
+    if epochs != int(epochs):
+        problems.append(
+            f"train.epochs: {epochs:g}; training in {rounds} rounds visits every sample once an epoch, so "
+            "epochs must be a whole number"
+        )
+    if config["study"]["train_samples"] and config["study"]["budget"] == "steps":
+        problems.append(
+            f"study.budget: steps; in {rounds} rounds each size trains train.epochs passes over its own "
+            "samples, beside the main run's, so sizes compare at equal epochs: set study.budget to epochs, "
+            "or give a budget that holds every hidden state"
+        )
+    if config["train"]["max_samples"] or config["train"]["max_steps"]:
+        problems.append(
+            f"train.max_samples / train.max_steps: not used in {rounds} rounds; set them to null, or give a "
+            "budget that holds every hidden state (extract.disk_budget)"
+        )
+    if problems and answers_bounded:
+        problems.append(
+            f"the {rounds} rounds are sized at the answers' bound (data.regenerate.max_new_tokens), none "
+            "being decoded yet: `snakemake answers` decodes them without a plan (run it with the keys above "
+            "at their defaults: the answers do not depend on them), and the next run weighs the rounds on "
+            "their lengths, which may make one round"
+        )
+    return problems

@@ -20,7 +20,7 @@ from draftsmith.core.units import parse_size
 from draftsmith.dataset.shards import ShardWriter
 from draftsmith.plan.cli import load_config
 from draftsmith.plan.hours import bench_decodes, bench_runs, job_counts
-from draftsmith.plan.plan import PlanError, decide_rounds, rounds_problems
+from draftsmith.plan.plan import PlanError, decide_rounds
 from draftsmith.plan.rounds import (
     answer_jobs,
     extracted_epoch,
@@ -31,6 +31,7 @@ from draftsmith.plan.rounds import (
     peak_tokens,
     round_order,
     round_orders,
+    rounds_problems,
     select_rows,
 )
 from draftsmith.plan.sizes import token_bytes
@@ -186,6 +187,9 @@ def test_what_rounds_cannot_train_is_named_with_the_way_out():
     assert rounds_problems(config, 1) == []
     (problem,) = rounds_problems(config, 3)
     assert "train.max_samples" in problem and "3 rounds" in problem and "extract.disk_budget" in problem
+    # rounds sized before any answer was decoded, at their bound: decoding them first may leave one round
+    problem, hint = rounds_problems(config, 3, answers_bounded=True)
+    assert "`snakemake answers`" in hint and "answers' bound" in hint
     config["train"] = with_defaults("train", {"epochs": 2.5})
     assert any("whole number" in p for p in rounds_problems(config, 3))
 

@@ -5,6 +5,7 @@ the next parse plans the kept count."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -55,3 +56,34 @@ def test_a_dag_built_from_an_estimate_is_stopped_and_replanned_on_the_prepared_s
     assert "extract_round" not in counts and counts.get("extract", 0) == 2, counts
     snakemake("--configfile", str(config), "--until", "plan")
     assert json.loads((res / "plan.json").read_text())["rounds"] == 1
+
+
+def test_a_subset_refused_in_the_bounds_rounds_names_the_answers_first_way(tmp_path, tokenizer):
+    """train.max_samples is refused in rounds; where the rounds rest on the answers' bound, the refusal says that
+    decoding the answers first may leave one round, and with them known the same config runs in one round."""
+    config = make_workflow(
+        tmp_path,
+        tokenizer,
+        extract={"shards": 2, "disk_budget": BUDGET},
+        data=_short_data(tmp_path),
+        train={"max_samples": 12},
+    )
+    refused = snakemake("-n", "--configfile", str(config), check=False)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "train.max_samples / train.max_steps: not used in" in said, said[-3000:]
+    assert "sized at the answers' bound" in said and "`snakemake answers`" in said
+
+    # the answers known (four tokens each, as `snakemake answers` would leave them in the cache)
+    cfg = yaml.safe_load(config.read_text())
+    scratch = dict(cfg, results=str(tmp_path / "scratch"), train=dict(cfg["train"], max_samples=None))
+    (tmp_path / "scratch.yaml").write_text(yaml.safe_dump(scratch))
+    snakemake("--configfile", str(tmp_path / "scratch.yaml"), "--until", "shard")
+    cache = Path(cfg["results"]) / "answers/cache"
+    cache.mkdir(parents=True)
+    for shard in sorted((tmp_path / "scratch/shards").glob("*.parquet")):
+        df = pd.read_parquet(shard, columns=["id", "prompt_len"])
+        df.assign(num_tokens=df["prompt_len"] + 4).to_parquet(cache / f"{shard.stem}.parquet")
+    shutil.copytree(tmp_path / "scratch/prepared", Path(cfg["results"]) / "prepared")
+    shutil.copytree(tmp_path / "scratch/shards", Path(cfg["results"]) / "shards")
+    counts = job_counts(snakemake("-n", "--configfile", str(config)).stdout)
+    assert "extract_round" not in counts and counts.get("extract", 0) == 2, counts

@@ -23,13 +23,13 @@ from draftsmith.plan.plan import (
     make_plan,
     pin,
     render,
-    rounds_problems,
 )
 from draftsmith.plan.rounds import (
     answer_jobs,
     extracted_epoch,
     extracted_rounds,
     round_orders,
+    rounds_problems,
     whole_epochs,
 )
 from draftsmith.speculative.engine_run import engine_in_dag
@@ -399,7 +399,11 @@ try:
     )
 except PlanError as e:
     raise WorkflowError(f"plan: {e}")
-if problems := rounds_problems(config, PLAN["rounds"]):
+if problems := rounds_problems(
+    config,
+    PLAN["rounds"],
+    answers_bounded=PLAN.get("data", {}).get("answers_bounded", False),
+):
     raise WorkflowError(problems_message(problems))
 pin(config, PLAN)
 print(f"plan:\n{render(PLAN)}", file=sys.stderr)
