@@ -6,6 +6,7 @@ same prompts, so the two agree on which prompt an index is.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -15,6 +16,22 @@ from typing import TextIO
 from draftsmith.core.io import write_jsonl
 from draftsmith.dataset.prepare import render
 from draftsmith.dataset.prompts import prompt_messages, read_prompts
+
+
+def part_job_parser(description: str, *, out_help: str) -> argparse.ArgumentParser:
+    """The arguments every job on one part of a prompt set takes (a drafter's bench, the target's reference):
+    the target, the part, the config's bench and target sections, the output. Each step adds its own."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--target", required=True, help="target: model directory, hub id or fetched lock file")
+    ap.add_argument("--prompts", required=True, help="prompt records, .jsonl or .parquet")
+    ap.add_argument("--part", type=int, default=0)
+    ap.add_argument("--parts", type=int, default=1)
+    ap.add_argument("--out", required=True, help=out_help)
+    ap.add_argument("--bench-json", default="{}", help="the config's bench section as JSON")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs per model copy (the probe's decision)")
+    ap.add_argument("--target-json", default="{}", help="the config's target section (dtype, revision, ...)")
+    ap.add_argument("--threads", type=int, default=None)
+    return ap
 
 
 def part_prompts(prompts_path: str, bench: dict, *, part: int, parts: int) -> list[dict]:

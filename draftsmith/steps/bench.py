@@ -3,29 +3,20 @@ draftsmith.speculative.bench.run_bench)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from draftsmith.config import section_arg
 from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.speculative.bench import run_bench
+from draftsmith.speculative.bench_parts import part_job_parser
 from draftsmith.target.files import resolve_target
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--target", required=True, help="target: model directory, hub id or fetched lock file")
+    ap = part_job_parser(__doc__, out_help="records, JSON lines")
     ap.add_argument("--drafter", required=True, help="exported drafter directory (z-lab format)")
-    ap.add_argument("--prompts", required=True, help="prompt records, .jsonl or .parquet")
     ap.add_argument("--dataset", default=None, help="name in the report (default: the prompt file's stem)")
-    ap.add_argument("--part", type=int, default=0)
-    ap.add_argument("--parts", type=int, default=1)
-    ap.add_argument("--out", required=True, help="records, JSON lines")
-    ap.add_argument("--bench-json", default="{}", help="the config's bench section as JSON")
     ap.add_argument("--taps-json", default=None, help="tap layer ids as JSON (default: the drafter's config)")
-    ap.add_argument("--gpus", type=int, default=1, help="GPUs per model copy (the probe's decision)")
-    ap.add_argument("--target-json", default="{}", help="the config's target section (dtype, revision, ...)")
-    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--reference", default=None, help="the target's answers to this part (bench_reference)")
     a = ap.parse_args(argv)
     setup_logging()

@@ -3,26 +3,16 @@
 
 from __future__ import annotations
 
-import argparse
-
 from draftsmith.config import section_arg
 from draftsmith.core.runtime import set_threads, setup_logging
+from draftsmith.speculative.bench_parts import part_job_parser
 from draftsmith.speculative.reference import run_reference
 from draftsmith.target.files import resolve_target
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--target", required=True, help="target: model directory, hub id or fetched lock file")
-    ap.add_argument("--prompts", required=True, help="prompt records, .jsonl or .parquet")
+    ap = part_job_parser(__doc__, out_help="the answers, JSON lines")
     ap.add_argument("--dataset", required=True, help="the prompt set's name in the config")
-    ap.add_argument("--part", type=int, default=0)
-    ap.add_argument("--parts", type=int, default=1)
-    ap.add_argument("--out", required=True, help="the answers, JSON lines")
-    ap.add_argument("--bench-json", default="{}", help="the config's bench section as JSON")
-    ap.add_argument("--gpus", type=int, default=1, help="GPUs per model copy (the probe's decision)")
-    ap.add_argument("--target-json", default="{}", help="the config's target section (dtype, revision, ...)")
-    ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args(argv)
     setup_logging()
     set_threads(a.threads)
