@@ -97,11 +97,13 @@ def bench_decodes(bench: dict, *, drafters: int = 1) -> int:
     return drafters * (answers + bench_runs(bench)) if bench["real_loop"] else answers
 
 
-def replay_share(config: dict, shape: dict) -> float:
-    """A replay round (one drafter forward over a block, at batch 1) as a share of the target's batch-1 decode
-    step: their layers' ratio. Every run of every drafter replays the target's answer, a round a committed
-    run of tokens; the plan counts a round a token, as an untrained drafter commits."""
-    return int(config["drafter"]["num_layers"]) / max(1, int(shape["num_hidden_layers"]))
+def bench_steps(w: dict, config: dict, shape: dict) -> float:
+    """The bench's work in the target's batch-1 decode steps: its decodes (`_work`'s bench_tokens), and every
+    drafter's replays of each run over the target's answer. A replay round (one drafter forward over a block)
+    costs their layers' ratio of a decode step, and the plan counts a round a token, as an untrained drafter
+    commits."""
+    replay_share = int(config["drafter"]["num_layers"]) / max(1, int(shape["num_hidden_layers"]))
+    return w["bench_tokens"] + w["bench_replayed"] * replay_share
 
 
 def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
@@ -110,6 +112,7 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
     trained = n * (1 - float(config["train"]["heldout_fraction"]))
     bench = config["bench"]
     sizes = study_sizes(config)
+    answered = (bench_prompts or 0) * int(bench["max_new_tokens"])  # the bench's answer tokens, at their cap
     equal_steps = config.get("study", {}).get("budget") == "steps"  # each size takes the main run's steps
     # what every drafter trains in an epoch (a study's sizes beside the main run), in main runs
     drafters = 1 + sum(1.0 if equal_steps else min(1.0, k / max(trained, 1.0)) for k in sizes)
@@ -123,14 +126,9 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
         "study_sizes": len(sizes),
         "training_runs": drafters,
         "bench_prompts": (bench_prompts or 0) * (1 + len(sizes)),
-        "bench_tokens": (bench_prompts or 0)
-        * int(bench["max_new_tokens"])
-        * bench_decodes(bench, drafters=1 + len(sizes)),
+        "bench_tokens": answered * bench_decodes(bench, drafters=1 + len(sizes)),
         # answer tokens replayed: every drafter's every run, a round a token
-        "bench_replayed": (bench_prompts or 0)
-        * int(bench["max_new_tokens"])
-        * (1 + len(sizes))
-        * bench_runs(bench),
+        "bench_replayed": answered * (1 + len(sizes)) * bench_runs(bench),
     }
 
 
@@ -201,8 +199,7 @@ def table_hours(
         trainers,
     )
     note = f"{w['bench_prompts']} prompts{_study_note(w)}, replays included; {bsrc}"
-    bench_tokens = w["bench_tokens"] + w["bench_replayed"] * replay_share(config, shape)
-    out["bench"] = _row(bench_tokens / bch, bch, "tokens/s", note, every)
+    out["bench"] = _row(bench_steps(w, config, shape) / bch, bch, "tokens/s", note, every)
     return out
 
 
@@ -284,9 +281,10 @@ def timed_hours(
         jobs["training"] * train_job * share * trainers,
     )
     bench = r["bench_tokens_s"]
-    bench_tokens = w["bench_tokens"] + w["bench_replayed"] * replay_share(config, shape)
     out["bench"] = _row(
-        bench_tokens * bench_answer_share(r, cap=int(config["bench"]["max_new_tokens"])) / bench,
+        bench_steps(w, config, shape)
+        * bench_answer_share(r, cap=int(config["bench"]["max_new_tokens"]))
+        / bench,
         bench,
         "tokens/s",
         f"{w['bench_prompts']} prompts{_study_note(w)}, {jobs['bench']} jobs, replays included; {src}",
