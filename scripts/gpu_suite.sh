@@ -51,6 +51,9 @@ round_pace() {  # $1: a results folder training in rounds: positions trained of 
 import glob, json, os, sys
 done = sorted(os.path.getmtime(p) for p in glob.glob(f"{sys.argv[1]}/rounds/e*/**/record.json", recursive=True))
 plan = json.load(open(f"{sys.argv[1]}/plan.json"))
+if int(plan["rounds"]) == 1:
+    print("one round: no positions")
+    sys.exit()
 total = int(plan["rounds"]) * int(plan["epochs"])
 pace = (done[-1] - done[0]) / (len(done) - 1) if len(done) > 1 else 0.0
 left = f", about {(total - len(done)) * pace / 60:.1f} min of positions left" if pace else ""
@@ -204,8 +207,9 @@ for phase in "$@"; do
             cp /tmp/study/answers.tgz.$part "$OUT/"
         done
         # the bench's per-prompt records come too (a comparison's standard errors are paired by prompt); the
-        # prompt files are under inputs
-        tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' \
+        # prompt files are under inputs. Outputs still being written (*.partial) stay: one round's half-written
+        # states were 40 GB on 2026-12-06, and the call ran past its limit packing them
+        tar czf "$OUT/study_results.tgz" --exclude='*.safetensors' --exclude='*.parquet' --exclude='*.gguf' --exclude='*.partial' \
             --exclude=inputs --exclude=target --exclude=checkpoints --exclude='regen' --exclude='*.pt' $R 2>/dev/null
         # the exported drafters (the run's and each study size's, about 25 MB each, in 15 MB parts), each once,
         # two a call: a session that ends before the benches can still bench them on another machine (the plan,
