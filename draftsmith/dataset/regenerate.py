@@ -16,7 +16,7 @@ from draftsmith.core.gpu_memory import job_memory
 from draftsmith.core.io import write_json, write_parquet
 from draftsmith.engine.engine import Engine, RegenStats
 from draftsmith.engine.memory import plan_slots
-from draftsmith.plan.data import answer_files
+from draftsmith.plan.data import SPEED_ONLY, answer_files, answer_settings
 from draftsmith.target.load import eos_ids_of
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,7 @@ def regenerate(
 def cache_key(target: dict, regen: dict, max_length: int, samples: pd.DataFrame) -> str:
     """What the answers depend on: the target, the decoding settings and the prompts. Not the slot count or
     the sync interval, which change speed only, so a retry with fewer slots still reuses them."""
-    speed_only = ("batch_size", "sync_every", "cuda_graph", "min_refill", "jobs_per_shard", "checks")
-    decoding = {k: v for k, v in regen.items() if k not in speed_only}
+    decoding = {k: v for k, v in regen.items() if k not in SPEED_ONLY}
     prompts = [
         np.asarray(ids[:pl]).tobytes().hex() for ids, pl in zip(samples["input_ids"], samples["prompt_len"])
     ]
@@ -94,12 +93,14 @@ def regenerate_cached(
     key: str,
     *,
     elsewhere: Callable[[], pd.DataFrame | None] | None = None,
+    settings: str | None = None,
     **kwargs,
 ) -> tuple[pd.DataFrame, RegenStats | None]:
     """`regenerate`, with the answers kept in `cache` (a parquet file and its key beside it): a rerun of the
     job (a retry after running out of memory in extraction, a killed job, new taps or storage) reuses them
     instead of decoding for hours again. `elsewhere` looks for them in the run's other answer files before
-    anything is decoded. Stats are None when the answers were reused."""
+    anything is decoded. Stats are None when the answers were reused. `settings` (`answer_settings`) goes
+    into the stamp: the plan reads it to leave the answers it will reuse out of regeneration's hours."""
     stamp = cache.with_suffix(".json")
     try:
         if json.loads(stamp.read_text()).get("key") == key:
@@ -119,7 +120,7 @@ def regenerate_cached(
     else:
         out, stats = regenerate(model, tokenizer, samples, **kwargs)
     write_parquet(out, cache)
-    write_json(stamp, {"key": key, "answers": len(out)})
+    write_json(stamp, {"key": key, "answers": len(out), "settings": settings})
     return out, stats
 
 
@@ -213,6 +214,7 @@ def regenerate_into(
         cache,
         key_of(samples),
         elsewhere=elsewhere,
+        settings=answer_settings(target, regen, max_length),
         max_new_tokens=int(regen["max_new_tokens"]),
         temperature=float(regen["temperature"]),
         max_length=max_length,

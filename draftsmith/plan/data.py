@@ -3,11 +3,14 @@ them at parse time (no tokenizer needed), or measured once `prepare` and the ans
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+
+from draftsmith.config import content_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -15,6 +18,10 @@ if TYPE_CHECKING:
 # the prepared base shards' ids and token counts, and the answers known by id: what the rounds are weighed on
 Shards: TypeAlias = "tuple[list[pd.DataFrame], pd.Series | None] | None"
 
+# target keys that jobs making data never see (a change reruns the mask check and training only)
+DATA_JOB_DROP = ("mask_token_id", "expect")
+# regeneration settings that change its speed, never its answers
+SPEED_ONLY = ("batch_size", "sync_every", "cuda_graph", "min_refill", "jobs_per_shard", "checks")
 CHARS_PER_TOKEN = 3.0  # below what BPE tokenizers give English and code (3.5-4.5): the estimate errs high
 TEMPLATE_TOKENS_PER_TURN = 8  # role markers and separators a chat template adds to each message
 SAMPLED_RECORDS = 512  # records read closely (evenly spaced through the file) for the token estimate
@@ -30,6 +37,7 @@ class DataSize:
     tokens_bound: float  # mean tokens a sample can take on disk, capped by data.max_length
     source: str  # "estimate", "measured" or "measured prompts; answers bounded by max_new_tokens"
     answers_bounded: bool = False  # the target writes the answers, and none is written yet: their bound
+    answered: int = 0  # samples whose answers are written already (found by id): regeneration skips them
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -116,28 +124,33 @@ def _sized(
     )
 
 
-def measured(results: str | Path, data: dict, *, answered: pd.Series | None = None) -> DataSize | None:
+def measured(
+    results: str | Path, data: dict, *, answered: pd.Series | None = None, settings: str | None = None
+) -> DataSize | None:
     """The prepared samples' own token counts, with the answer cache's answers where it has them; None before
-    `prepare` has run. `answered`: the answers' lengths already read (`answered_lengths`), else read here."""
+    `prepare` has run. `answered`: the answers' lengths already read (`answered_lengths`), else read here.
+    `settings` (`answer_settings`): the samples answered under them will not be decoded again."""
     import pandas as pd
 
     prepared = Path(results) / "prepared" / "samples.parquet"
     if not prepared.exists():
         return None
-    df = pd.read_parquet(prepared, columns=["num_tokens", "prompt_len"])
+    df = pd.read_parquet(prepared, columns=["id", "num_tokens", "prompt_len"])
     prompt = df["prompt_len"].to_numpy(dtype=np.float64)
     answer = (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.float64)
-    source, bounded = "measured", False
+    source, bounded, done = "measured", False, 0
     if data["regenerate"]["enabled"]:
         if answered is None:
             answered = answered_lengths(results)
         if answered is not None and len(answered):
             answer = np.full_like(prompt, float(answered.mean()))
             source = f"measured; answers: the mean of {len(answered)} cached"
+            done = int(df["id"].isin(answered_under(results, settings)).sum()) if settings else 0
         else:
             answer = np.full_like(prompt, float(data["regenerate"]["max_new_tokens"]))
             source, bounded = "measured prompts; answers bounded by max_new_tokens", True
-    return _sized(len(df), prompt, answer, data, source=source, bounded=bounded)
+    size = _sized(len(df), prompt, answer, data, source=source, bounded=bounded)
+    return replace(size, answered=done)
 
 
 def answer_files(results: Path) -> list[Path]:
@@ -163,6 +176,30 @@ def answered_lengths(results: str | Path) -> pd.Series | None:
     df = pd.concat(parts).drop_duplicates("id")
     answers = (df["num_tokens"] - df["prompt_len"]).to_numpy(dtype=np.int64)
     return pd.Series(answers, index=df["id"].to_numpy())
+
+
+def answer_settings(target: dict, regen: dict, max_length: int) -> str:
+    """What answers depend on besides their prompts: the target as data jobs see it, the decoding settings and
+    the length cap. The answer cache's stamps keep it, so that the plan tells answers a run will reuse from
+    answers it will decode again."""
+    seen = {k: v for k, v in target.items() if k not in DATA_JOB_DROP}
+    decoding = {k: v for k, v in regen.items() if k not in SPEED_ONLY}
+    return content_hash(seen, decoding, int(max_length))
+
+
+def answered_under(results: str | Path, settings: str) -> set:
+    """Ids of the samples whose answers the cache holds under `settings` (its stamps say which). Answers of
+    other settings, or stamped before stamps named them, are decoded again: they are not counted."""
+    import pandas as pd
+
+    ids: set = set()
+    for f in answer_files(Path(results)):
+        try:
+            if json.loads(f.with_suffix(".json").read_text()).get("settings") == settings:
+                ids.update(pd.read_parquet(f, columns=["id"])["id"])
+        except (OSError, ValueError):
+            continue  # a file being written, or a torn stamp: not reused
+    return ids
 
 
 def shard_files(results: str | Path, count: int) -> list[str]:

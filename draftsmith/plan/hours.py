@@ -112,13 +112,16 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
     trained = n * (1 - float(config["train"]["heldout_fraction"]))
     bench = config["bench"]
     sizes = study_sizes(config)
-    answered = (bench_prompts or 0) * int(bench["max_new_tokens"])  # the bench's answer tokens, at their cap
+    bench_answers = (bench_prompts or 0) * int(
+        bench["max_new_tokens"]
+    )  # the bench's answer tokens, at their cap
     equal_steps = config.get("study", {}).get("budget") == "steps"  # each size takes the main run's steps
     # what every drafter trains in an epoch (a study's sizes beside the main run), in main runs
     drafters = 1 + sum(1.0 if equal_steps else min(1.0, k / max(trained, 1.0)) for k in sizes)
+    unanswered = n - min(size.answered, n)  # cached answers are not decoded again
     return {
-        "new": n * size.answer_tokens,
-        "prompt": n * size.prompt_tokens,
+        "new": unanswered * size.answer_tokens,
+        "prompt": unanswered * size.prompt_tokens,
         "epoch": n * size.tokens_bound,
         "trained_samples": trained,
         "trained_tokens": trained * size.tokens_bound,
@@ -126,10 +129,17 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
         "study_sizes": len(sizes),
         "training_runs": drafters,
         "bench_prompts": (bench_prompts or 0) * (1 + len(sizes)),
-        "bench_tokens": answered * bench_decodes(bench, drafters=1 + len(sizes)),
+        "bench_tokens": bench_answers * bench_decodes(bench, drafters=1 + len(sizes)),
         # answer tokens replayed: every drafter's every run, a round a token
-        "bench_replayed": answered * (1 + len(sizes)) * bench_runs(bench),
+        "bench_replayed": bench_answers * (1 + len(sizes)) * bench_runs(bench),
     }
+
+
+def _cached_note(size: DataSize) -> str:
+    """What regeneration's row leaves out: the samples whose answers are written already."""
+    return (
+        f"; {min(size.answered, size.samples):,} of {size.samples:,} answers cached" if size.answered else ""
+    )
 
 
 def _study_note(w: dict) -> str:
@@ -185,6 +195,7 @@ def table_hours(
     (trn, tsrc), (bch, bsrc) = rate("train_tokens_s", dscale), rate("bench_tokens_s", tscale)
     out: dict = {}
     if config["data"]["regenerate"]["enabled"]:  # decoding, and the prompts' prefill at the forward's rate
+        rsrc += _cached_note(size)
         out["regeneration"] = _row(w["new"] / regen + w["prompt"] / ext, regen, "new tokens/s", rsrc, every)
     out["extract per epoch"] = _row(w["epoch"] / ext, ext, "tokens/s", esrc, every)
     out["extract, all passes"] = _row(
@@ -246,9 +257,9 @@ def timed_hours(
             new / regen,
             regen,
             "new tokens/s",
-            src + note,
+            src + note + _cached_note(size),
             every,
-            jobs["regeneration"] * target_job * share,
+            jobs["regeneration"] * target_job * share,  # a job loads the target before it finds its answers
         )
     out["extract per epoch"] = _row(w["epoch"] / ext, ext, "tokens/s", src, every)
     # a validation job loads the target and recomputes samples of new shapes: an extraction job's start

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from draftsmith.core.units import human, parse_size
-from draftsmith.plan.data import DataSize, Shards, estimate, measured
+from draftsmith.plan.data import DataSize, Shards, answer_settings, estimate, measured
 from draftsmith.plan.hours import gpu_class, node_rates, table_hours, timed_file, timed_hours
 from draftsmith.plan.memory import memory_plan, memory_rows
 from draftsmith.plan.rounds import (
@@ -64,7 +64,9 @@ def data_size(config: dict, paths: list[str], shards: Shards = None) -> DataSize
     """Measured when prepare has run (with the answers `shards` holds, read once), else estimated from the
     files."""
     answered = shards[1] if shards is not None else None
-    return measured(config["results"], config["data"], answered=answered) or estimate(paths, config["data"])
+    data = config["data"]
+    settings = answer_settings(config["target"], data["regenerate"], data["max_length"])
+    return measured(config["results"], data, answered=answered, settings=settings) or estimate(paths, data)
 
 
 def free_space(results: str | Path) -> int:

@@ -420,7 +420,7 @@ def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path
 
     data = with_defaults("data", {"max_length": 1024, "regenerate": {"enabled": True, "max_new_tokens": 512}})
     (tmp_path / "prepared").mkdir()
-    prompts = pd.DataFrame({"num_tokens": [10, 20], "prompt_len": [10, 20]})
+    prompts = pd.DataFrame({"id": ["a", "b"], "num_tokens": [10, 20], "prompt_len": [10, 20]})
     prompts.to_parquet(tmp_path / "prepared/samples.parquet")
     assert measured(tmp_path, data).answer_tokens == 512  # no answers yet: the bound
     (tmp_path / "answers/cache").mkdir(parents=True)

@@ -376,3 +376,41 @@ def test_chunked_attention_is_refused_clearly():
     model.config.attention_chunk_size = 8
     with pytest.raises(NotImplementedError, match=r"chunked attention.*regenerate.enabled: false"):
         Engine(model, slots=2, max_len=40, eos_ids=[])
+
+
+def test_the_plan_leaves_answers_it_will_reuse_out_of_regenerations_hours(model, tmp_path):
+    """Answers the cache holds under this run's settings are not decoded again, so the plan does not price
+    them (issue 37's answers-first run planned 0.06 GPU-hours of regeneration with every answer cached);
+    answers under other settings, which the jobs would decode again, still count."""
+    from draftsmith.config import with_defaults
+    from draftsmith.dataset.regenerate import regenerate_into
+    from draftsmith.plan.data import answer_settings, measured
+    from draftsmith.plan.hours import _work
+
+    samples = _samples(_prompts())
+    target = {"model": "tiny", "mask_token_id": 5}  # a key data jobs never see: not in the settings
+    data = with_defaults("data", {"max_length": 64, "regenerate": {"enabled": True, "max_new_tokens": 6}})
+    results = tmp_path / "results"
+    (results / "prepared").mkdir(parents=True)
+    samples[["id", "num_tokens", "prompt_len"]].to_parquet(results / "prepared/samples.parquet")
+    half = samples.iloc[::2].reset_index(drop=True)
+    seen = {k: v for k, v in target.items() if k != "mask_token_id"}  # as the regeneration job gets it
+    cache = results / "answers" / "cache" / "shard000.j0.parquet"
+    regenerate_into(model, Tok(), half, cache, target=seen, data=data, slots=4, results=results)
+    config = {"train": with_defaults("train"), "bench": with_defaults("bench")}
+
+    def to_decode(data: dict) -> float:
+        size = measured(
+            results, data, settings=answer_settings(target, data["regenerate"], data["max_length"])
+        )
+        assert size is not None
+        return _work(config, size, bench_prompts=0)["new"] / size.answer_tokens
+
+    assert to_decode(data) == len(samples) - len(half)
+    other = with_defaults("data", {"max_length": 64, "regenerate": {"enabled": True, "max_new_tokens": 5}})
+    assert to_decode(other) == len(samples)  # another cap: every answer decoded again
+    regenerate_into(
+        model, Tok(), samples, cache.with_name("shard000.parquet"), target=seen, data=data, slots=4
+    )
+    assert to_decode(data) == 0  # all answered: nothing left to decode
+    assert measured(results, data) is not None and measured(results, data).answered == 0  # no settings: all

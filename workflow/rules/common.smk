@@ -15,7 +15,7 @@ from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
 from draftsmith.dataset.answers import ENV as ANSWER_CHECKS_ENV
 from draftsmith.core.gpu_pool import copies_sharing_a_gpu, gpu_names, visible_gpus
 from draftsmith.plan.cli import bench_prompts, data_files, local_file
-from draftsmith.plan.data import read_shards, shard_files
+from draftsmith.plan.data import DATA_JOB_DROP, read_shards, shard_files
 from draftsmith.plan.hours import study_sizes
 from draftsmith.plan.plan import (
     PINNED,
@@ -137,9 +137,6 @@ def target_json(drop=()):
     """The target section for a job. Jobs that make data never see the mask token or the expected shape
     (a change to those reruns mask_check and training, not extraction)."""
     return as_json("target", drop=drop)
-
-
-DATA_JOB_DROP = ("mask_token_id", "expect")
 
 
 # every URL the config names (training data, bench prompts), by the file fetch_data makes of it
