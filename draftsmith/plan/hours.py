@@ -112,9 +112,8 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
     trained = n * (1 - float(config["train"]["heldout_fraction"]))
     bench = config["bench"]
     sizes = study_sizes(config)
-    bench_answers = (bench_prompts or 0) * int(
-        bench["max_new_tokens"]
-    )  # the bench's answer tokens, at their cap
+    # the bench's answer tokens, at their cap
+    bench_answers = (bench_prompts or 0) * int(bench["max_new_tokens"])
     equal_steps = config.get("study", {}).get("budget") == "steps"  # each size takes the main run's steps
     # what every drafter trains in an epoch (a study's sizes beside the main run), in main runs
     drafters = 1 + sum(1.0 if equal_steps else min(1.0, k / max(trained, 1.0)) for k in sizes)
