@@ -31,6 +31,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3_5ForCa
 
 from draftsmith.core.io import atomic
 from draftsmith.demo.data import chat_records, read_capped, split_files
+from draftsmith.demo.shape import DEMO_HIDDEN_SIZE, DEMO_LAYERS
 from draftsmith.target.kernels import kernels_follow_device
 
 log = logging.getLogger(__name__)
@@ -93,19 +94,6 @@ def padded_vocab(n_tokens: int, multiple: int = 128) -> int:
     """Next multiple strictly above the tokenizer size: the ids past it exist in the model but no text maps to
     them, so the pipeline can take one as the drafter's mask token, as with real checkpoints."""
     return (n_tokens // multiple + 1) * multiple
-
-
-DEMO_HIDDEN_SIZE, DEMO_LAYERS = 256, 8
-# what the plan knows of the demo target before the job that builds it has run
-DEMO_SHAPE = {
-    "hidden_size": DEMO_HIDDEN_SIZE,
-    "num_hidden_layers": DEMO_LAYERS,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": DEMO_HIDDEN_SIZE // 4,
-    "intermediate_size": DEMO_HIDDEN_SIZE * 5 // 2,
-    "vocab_size": 3072,
-}
 
 
 def demo_config(

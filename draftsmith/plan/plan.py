@@ -38,7 +38,7 @@ def target_shape(config: dict) -> tuple[dict | None, str]:
     from draftsmith.target.files import text_config
 
     if config["target"]["model"] == "demo":
-        from draftsmith.demo.target import DEMO_SHAPE
+        from draftsmith.demo.shape import DEMO_SHAPE
 
         return dict(DEMO_SHAPE), "the demo's shape"
     path = parse_time_target(config["target"])

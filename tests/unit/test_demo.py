@@ -67,6 +67,13 @@ def test_full_size_config_has_eight_hybrid_layers(built):
     cfg = demo_config(tok)
     assert cfg.num_hidden_layers == 8 and cfg.layer_types.count("full_attention") == 2
     assert cfg.layer_types[3] == cfg.layer_types[7] == "full_attention"
+    # the shape the plan reads at parse time, without importing the builder, is the one it builds
+    from draftsmith.demo.shape import DEMO_SHAPE
+
+    built_shape = {
+        k: getattr(cfg, k) for k in DEMO_SHAPE if k != "vocab_size"
+    }  # the vocabulary: the tokenizer's
+    assert built_shape == {k: v for k, v in DEMO_SHAPE.items() if k != "vocab_size"}
 
 
 @pytest.mark.parametrize("thinking", [True, False, None])
