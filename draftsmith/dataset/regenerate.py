@@ -16,7 +16,7 @@ from draftsmith.core.gpu_memory import job_memory
 from draftsmith.core.io import write_json, write_parquet
 from draftsmith.engine.engine import Engine, RegenStats
 from draftsmith.engine.memory import plan_slots
-from draftsmith.plan.data import SPEED_ONLY, answer_files, answer_settings
+from draftsmith.plan.data import answer_files, answer_settings, decoding_settings
 from draftsmith.target.load import eos_ids_of
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def regenerate(
 def cache_key(target: dict, regen: dict, max_length: int, samples: pd.DataFrame) -> str:
     """What the answers depend on: the target, the decoding settings and the prompts. Not the slot count or
     the sync interval, which change speed only, so a retry with fewer slots still reuses them."""
-    decoding = {k: v for k, v in regen.items() if k not in SPEED_ONLY}
+    decoding = decoding_settings(regen)
     prompts = [
         np.asarray(ids[:pl]).tobytes().hex() for ids, pl in zip(samples["input_ids"], samples["prompt_len"])
     ]

@@ -37,7 +37,9 @@ class DataSize:
     tokens_bound: float  # mean tokens a sample can take on disk, capped by data.max_length
     source: str  # "estimate", "measured" or "measured prompts; answers bounded by max_new_tokens"
     answers_bounded: bool = False  # the target writes the answers, and none is written yet: their bound
-    answered: int = 0  # samples whose answers are written already (found by id): regeneration skips them
+    answered: int = (
+        0  # of `samples`, those whose answers are written already (by id): regeneration skips them
+    )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -178,13 +180,17 @@ def answered_lengths(results: str | Path) -> pd.Series | None:
     return pd.Series(answers, index=df["id"].to_numpy())
 
 
+def decoding_settings(regen: dict) -> dict:
+    """data.regenerate less the keys that change its speed only: what the answers depend on."""
+    return {k: v for k, v in regen.items() if k not in SPEED_ONLY}
+
+
 def answer_settings(target: dict, regen: dict, max_length: int) -> str:
     """What answers depend on besides their prompts: the target as data jobs see it, the decoding settings and
     the length cap. The answer cache's stamps keep it, so that the plan tells answers a run will reuse from
     answers it will decode again."""
     seen = {k: v for k, v in target.items() if k not in DATA_JOB_DROP}
-    decoding = {k: v for k, v in regen.items() if k not in SPEED_ONLY}
-    return content_hash(seen, decoding, int(max_length))
+    return content_hash(seen, decoding_settings(regen), int(max_length))
 
 
 def answered_under(results: str | Path, settings: str) -> set:

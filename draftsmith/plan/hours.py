@@ -117,7 +117,7 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
     equal_steps = config.get("study", {}).get("budget") == "steps"  # each size takes the main run's steps
     # what every drafter trains in an epoch (a study's sizes beside the main run), in main runs
     drafters = 1 + sum(1.0 if equal_steps else min(1.0, k / max(trained, 1.0)) for k in sizes)
-    unanswered = n - min(size.answered, n)  # cached answers are not decoded again
+    unanswered = n - size.answered  # cached answers are not decoded again
     return {
         "new": unanswered * size.answer_tokens,
         "prompt": unanswered * size.prompt_tokens,
@@ -136,9 +136,7 @@ def _work(config: dict, size: DataSize, *, bench_prompts: int | None) -> dict:
 
 def _cached_note(size: DataSize) -> str:
     """What regeneration's row leaves out: the samples whose answers are written already."""
-    return (
-        f"; {min(size.answered, size.samples):,} of {size.samples:,} answers cached" if size.answered else ""
-    )
+    return f"; {size.answered:,} of {size.samples:,} answers cached" if size.answered else ""
 
 
 def _study_note(w: dict) -> str:
