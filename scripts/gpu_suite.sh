@@ -161,6 +161,8 @@ for phase in "$@"; do
             # the data (train.max_samples) is refused in the rounds an estimate would plan
             if [ ! -d $R/answers/cache ]; then
                 LOG=/tmp/study/answers_first.log study answers answers --configfile $CFG
+                # packed for a later session's .stage/c (watch sends the parts once): it skips this step
+                tar czf - -C $R answers/cache | split -b 15m - /tmp/study/answers.tgz.
             fi
             # the plan rule first: a DAG built before the data was prepared holds an estimate's rounds, and the
             # plan rule stops such a run once it has weighed the prepared shards; the next parse plans from them.
@@ -204,7 +206,7 @@ for phase in "$@"; do
         tar czf "$OUT/study_logs.tgz" -C /tmp/study $(cd /tmp/study && ls *.log *.json recipe.yaml 2>/dev/null)
         # the answer cache's parts (15 MB each; ANSWER_PARTS, e.g. 'aa ab', picks some when they pass that)
         for part in ${ANSWER_PARTS:-$(ls /tmp/study 2>/dev/null | sed -n 's/^answers\.tgz\.//p')}; do
-            cp /tmp/study/answers.tgz.$part "$OUT/"
+            cp /tmp/study/answers.tgz.$part "$OUT/" && mv /tmp/study/answers.tgz.$part /tmp/study/sent.answers.tgz.$part
         done
         # the bench's per-prompt records come too (a comparison's standard errors are paired by prompt); the
         # prompt files are under inputs. Outputs still being written (*.partial) stay: one round's half-written
