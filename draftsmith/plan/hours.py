@@ -190,6 +190,7 @@ def table_hours(
 
     (regen, rsrc), (ext, esrc) = rate("regenerate_new_tokens_s", tscale), rate("extract_tokens_s", tscale)
     (trn, tsrc), (bch, bsrc) = rate("train_tokens_s", dscale), rate("bench_tokens_s", tscale)
+    bch, bsrc = launch_floor(cls, bch, bsrc, layers=int(shape["num_hidden_layers"]))
     out: dict = {}
     if config["data"]["regenerate"]["enabled"]:  # decoding, and the prompts' prefill at the forward's rate
         rsrc += _cached_note(size)
@@ -209,6 +210,16 @@ def table_hours(
     note = f"{w['bench_prompts']} prompts{_study_note(w)}, replays included; {bsrc}"
     out["bench"] = _row(bench_steps(w, config, shape) / bch, bch, "tokens/s", note, every)
     return out
+
+
+def launch_floor(cls: dict, rate: float, source: str, *, layers: int) -> tuple[float, str]:
+    """The bench's rate capped where a batch-1 decode step is its layers' launches, not its weights' reads:
+    scaled by parameters alone, a 135M target's bench was planned at 1/32 of what it took (2026-12-06)."""
+    floor = cls.get("bench_layer_step_s")
+    if not floor or rate * layers * float(floor["value"]) <= 1.0:
+        return rate, source
+    cap = 1.0 / (layers * float(floor["value"]))
+    return cap, f"{cls['name']}: {floor['source']}; {layers} layers (scaled by parameters: {rate:,.0f})"
 
 
 def bench_answer_share(rates: dict, *, cap: int) -> float:

@@ -34,7 +34,7 @@ from draftsmith.plan.rounds import (
     rounds_problems,
     select_rows,
 )
-from draftsmith.plan.sizes import token_bytes
+from draftsmith.plan.sizes import target_params, token_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -490,3 +490,44 @@ def test_the_bench_is_planned_at_the_answers_each_cut_at_its_own_cap():
     older = bench_answer_share({"answer_tokens_mean": 190.5}, cap=192)  # a rates file without the lengths
     assert older == pytest.approx(190.5 / 192)
     assert bench_answer_share({"answer_tokens_mean": 400.0}, cap=192) == 1.0
+
+
+def test_a_small_targets_bench_is_planned_at_its_layers_launches_not_its_parameters():
+    """The 40k study's ten-epoch run (SmolLM2-135M, 30 layers, one H100) took 32 times the table's bench
+    GPU-hours: scaled by parameters from the 27B, a batch-1 step of a 135M target would take 0.17 ms, where
+    its 30 layers' launches take about 5. The 27B's bandwidth-bound rate is left as the table has it."""
+    from draftsmith.plan.data import DataSize
+    from draftsmith.plan.hours import table_hours
+
+    config = load_config(
+        [str(REPO / "configs" / f) for f in ("study-smollm2-40k.yaml", "study-smollm2-40k-10ep.yaml")]
+    )
+    size = DataSize(43_629, 91.0, 253.0, 344.0, "measured", answered=43_629)
+
+    def bench(shape_file: str) -> dict:
+        shape = json.loads((REPO / "configs/shapes" / shape_file).read_text())
+        hours = table_hours(
+            config,
+            size,
+            shape,
+            12_300_000,
+            gpu_name="NVIDIA H100 80GB HBM3",
+            gpus=8,
+            passes=1.0,
+            bench_prompts=80,  # 40 a set
+        )
+        return hours["bench"]
+
+    small, big = bench("smollm2-135m.json"), bench("qwen3.6-27b.json")
+    assert small["rate"] == pytest.approx(1 / (30 * 1.6e-4)) and "30 layers" in small["source"]
+    # that run's bench: 108.6 GPU-seconds over its 19,968 planned steps, job starts included
+    assert 0.8 < 108.6 / 3600 / small["gpu_hours"] < 1.25
+    assert (
+        big["rate"]
+        == pytest.approx(
+            40.0
+            * 2.6366e10
+            / target_params(json.loads((REPO / "configs/shapes/qwen3.6-27b.json").read_text()))
+        )
+        and "layers" not in big["source"]
+    )
