@@ -22,8 +22,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 from draftsmith.core.io import write_text
 
 
@@ -31,6 +29,8 @@ def check_oom(padded_tokens: int) -> None:
     """Raises the allocator's own error when the emulated memory limit is set and this batch is over it."""
     limit = os.environ.get("DRAFTSMITH_OOM_TOKENS")
     if limit and padded_tokens > int(limit):
+        import torch  # here: the workflow's parse reads free_bytes, and torch would double its time
+
         raise torch.OutOfMemoryError(
             f"CUDA out of memory (emulated by DRAFTSMITH_OOM_TOKENS={limit}): a batch of {padded_tokens} "
             "padded tokens does not fit"

@@ -10,7 +10,7 @@ import pandas as pd
 
 from draftsmith.core.faults import free_bytes
 from draftsmith.core.io import tmp_path
-from draftsmith.dataset.shards import hidden_value_bytes, shard_bytes
+from draftsmith.dataset.shard_sizes import hidden_value_bytes, shard_bytes
 
 
 def make_batches(lengths: list[int] | np.ndarray, token_budget: int) -> list[list[int]]:

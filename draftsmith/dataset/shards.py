@@ -32,11 +32,10 @@ import torch
 
 from draftsmith.config import content_hash
 from draftsmith.core.io import tmp_path
+from draftsmith.dataset.shard_sizes import STORAGE_DTYPES
 
 SHARD_FORMAT = "draftsmith-shard-v1"  # the format tag of a shard file and its manifest
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
-
-STORAGE_DTYPES = ("bf16", "fp8")
 
 _ST_DTYPE = {
     torch.bfloat16: "BF16",
@@ -106,19 +105,6 @@ def stored_faults(hidden: torch.Tensor, scale: torch.Tensor | None) -> tuple[boo
     u = hidden.contiguous().view(torch.int16).numpy()  # [t, width], bf16 bits
     nonfinite = bool(((u & _BF16_EXPONENT) == _BF16_EXPONENT).any())
     return nonfinite, int(((u & _BF16_MAGNITUDE).max(axis=1, initial=0) == 0).sum())
-
-
-def hidden_value_bytes(storage: str) -> int:
-    """Bytes per stored hidden-state value: fp8 e4m3 or bf16."""
-    return 1 if storage == "fp8" else 2
-
-
-def shard_bytes(tokens: int, num_samples: int, width: int, storage: str = "bf16") -> int:
-    """Bytes of a shard file's tensors (the header adds a few hundred): what the disk-space preflight
-    needs."""
-    hidden = tokens * width * hidden_value_bytes(storage)
-    scales = tokens * 4 if storage == "fp8" else 0
-    return hidden + scales + tokens * (4 + 1) + (num_samples + 1) * 8
 
 
 def reserve(fd: int, size: int, path: Path) -> None:

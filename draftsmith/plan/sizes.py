@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftsmith.dataset.shards import shard_bytes
+from draftsmith.dataset.shard_sizes import shard_bytes
 
 CHECKPOINTS_KEPT = 2  # training keeps the newest two: a run killed while writing one still has the one before
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two fp32 moments

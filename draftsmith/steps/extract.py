@@ -21,7 +21,8 @@ from draftsmith.dataset.answers import AnswersRejected, judge
 from draftsmith.dataset.extract import extract_samples
 from draftsmith.dataset.plan import check_disk_space, planned_tokens
 from draftsmith.dataset.regenerate import regenerate_shard
-from draftsmith.dataset.shards import shard_bytes, shard_manifest
+from draftsmith.dataset.shard_sizes import shard_bytes
+from draftsmith.dataset.shards import shard_manifest
 from draftsmith.engine.memory import NoRoomForAnswers
 from draftsmith.plan.data import answered_lengths
 from draftsmith.plan.rounds import peak_tokens, round_tokens, select_rows

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # read at every parse of the workflow, where importing torch costs more than the rest
+    import torch
 
 # What a Transformers load reads from a hub snapshot: configs, tokenizer files, safetensors weights, remote
 # code. Not pickled .bin copies, GGUF files or a repository's `original/` checkpoint (often as large again).

@@ -123,3 +123,32 @@ def test_a_window_shorter_than_the_contexts_is_named_for_vllm(tmp_path):
     notes = []
     preflight(cfg, notes)
     assert not any("vLLM" in n for n in notes)
+
+
+def test_the_workflows_parse_imports_no_torch():
+    """Every `snakemake` call parses the workflow, and the plan, preflight and pool run there. Through the
+    shard sizes, the target's files and the fault hooks they imported torch: 2.2 of a dry run's 4.6 s on the
+    demo (2026-12-06), paid by every dry run of the workflow tests and of users. What the rules import, and
+    the demo's preflight and plan, must not."""
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    smk = "\n".join(p.read_text() for p in sorted((root / "workflow").rglob("*.smk")))
+    modules = sorted(set(re.findall(r"^ *from (draftsmith[\w.]*) import", smk, re.M)))
+    assert "draftsmith.plan.plan" in modules and "draftsmith.preflight" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "from draftsmith.plan.cli import bench_prompts, load_config\n"
+        "from draftsmith.preflight import preflight\n"
+        "from draftsmith.plan.plan import make_plan\n"
+        "config = load_config(['config.yaml'])\n"
+        "assert preflight(config) == []\n"
+        "make_plan(config, paths=[], gpus=0, gpu_name=None, base_shards=2,\n"
+        "          bench_prompts=bench_prompts(config))\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[:300]
