@@ -146,9 +146,34 @@ FIRST_RECORDS = 100  # records of each data file read at parse time
 LISTED_LINES = 10  # bad lines a problem names before it counts the rest
 
 
+def template_fields_problems(templates: list[str]) -> list[str]:
+    """data.templates must be format strings that name a field each (a template without one would make
+    every record the same prompt)."""
+    import string
+
+    problems = []
+    for k, template in enumerate(templates):
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        except ValueError as e:
+            fields, why = [], f"{e}"
+        else:
+            why = "it names no field"
+        if not fields or any(not f for f in fields):
+            if fields:
+                why = "a field must be named ('{}' is not)"
+            problems.append(
+                f"data.templates[{k}]: {template!r}: {why}; write the record's fields in braces, as in "
+                "'{Body} {Question}'"
+            )
+    return problems
+
+
 def data_problems(config: dict) -> list[str]:
     """The training records must exist before anything runs (a `datasets` name is read by prepare)."""
-    problems = []
+    problems = template_fields_problems(config["data"].get("templates") or [])
+    if problems:
+        return problems
     sources = data_sources(config)
     for k, path in enumerate(sources):
         key = "data.path" if isinstance(config["data"]["path"], str) else f"data.path[{k}]"
@@ -182,7 +207,7 @@ def first_records_problems(path: str, *, key: str, data: dict) -> list[str]:
             try:
                 if isinstance(rec, Exception):
                     raise rec
-                msgs = to_messages(rec)
+                msgs = to_messages(rec, data.get("templates") or ())
             except BadRecord as e:
                 bad.append(f"{source}:{line}: {e}")
                 continue

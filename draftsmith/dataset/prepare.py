@@ -107,10 +107,11 @@ PAIR_FIELDS = (("prompt", ("response",)), ("question", ("answer",)), ("instructi
 INSTRUCTION_EXTRAS = ("input", "context")
 
 
-def to_messages(rec: dict) -> list[dict]:
+def to_messages(rec: dict, templates: tuple[str, ...] | list[str] = ()) -> list[dict]:
     """OpenAI-style messages, or a single-turn record (`prompt`/`response`, GSM8K's `question`/`answer`,
     Alpaca's `instruction`/`input`/`output`, Dolly's `instruction`/`context`/`response`) turned into one user
-    turn and, when it has one, the answer."""
+    turn and, when it has one, the answer. A record of none of these shapes takes the first of `templates`
+    (data.templates) whose fields it has: a prompt alone, for the target to answer."""
     if not isinstance(rec, dict):
         raise BadRecord("record is not a JSON object")
     if "messages" in rec and rec["messages"] is not None:
@@ -146,8 +147,19 @@ def to_messages(rec: dict) -> list[dict]:
                 raise BadRecord(f"`{answer}` must be a string")
             msgs.append({"role": "assistant", "content": rec[answer]})
         return msgs
+    for template in templates:
+        try:
+            return [{"role": "user", "content": template.format_map(rec)}]
+        except KeyError:  # a field this record lacks: the next template
+            continue
+        except (IndexError, ValueError, AttributeError) as e:
+            raise BadRecord(f"data.templates {template!r}: {e}") from None
+    shapes = "`prompt`, `question` or `instruction`"
+    if templates:
+        raise BadRecord(f"record has neither `messages`, {shapes}, nor every field of a data.templates entry")
     raise BadRecord(
-        "record has neither `messages` nor a single-turn field (`prompt`, `question` or `instruction`)"
+        f"record has neither `messages` nor a single-turn field ({shapes}); data.templates can make a "
+        "prompt of other fields"
     )
 
 
@@ -238,6 +250,7 @@ def prepare(
     regenerate: bool = False,
     dedupe: bool = False,
     screen: BenchScreen | None = None,
+    templates: tuple[str, ...] | list[str] = (),
 ) -> tuple[pd.DataFrame, PrepareStats]:
     """Reads and tokenizes every record of one file or several (in order); returns one row per sample and the
     counts for the report. With `regenerate`, prompt-only records are samples too: the target writes their
@@ -255,7 +268,7 @@ def prepare(
         try:
             if isinstance(rec, Exception):
                 raise rec
-            msgs = to_messages(rec)
+            msgs = to_messages(rec, templates)
             sid = str(rec["id"]) if rec.get("id") is not None else f"{Path(source).stem}:{line}"
             if sid in seen:
                 raise BadRecord(f"duplicate id {sid!r} (first at {seen[sid]})")

@@ -45,12 +45,12 @@ class DataSize:
         return asdict(self)
 
 
-def _record_texts(rec: object) -> tuple[int, int, int]:
+def _record_texts(rec: object, templates: list[str]) -> tuple[int, int, int]:
     """(prompt chars, last answer chars, turns) of one record, or zeros for a record prepare would refuse."""
     from draftsmith.dataset.prepare import BadRecord, to_messages
 
     try:
-        msgs = to_messages(rec)  # type: ignore[arg-type]
+        msgs = to_messages(rec, templates)  # type: ignore[arg-type]
     except BadRecord:
         return 0, 0, 0
     answer = len(msgs[-1]["content"]) if msgs[-1]["role"] == "assistant" else 0
@@ -98,7 +98,8 @@ def estimate(paths: list[str], data: dict) -> DataSize | None:
         sample += recs
     if data.get("max_samples"):
         total = min(total, int(data["max_samples"]))
-    texts = np.asarray([_record_texts(r) for r in sample], dtype=np.float64).reshape(-1, 3)
+    templates = data.get("templates") or []
+    texts = np.asarray([_record_texts(r, templates) for r in sample], dtype=np.float64).reshape(-1, 3)
     prompt = (texts[:, 0] / CHARS_PER_TOKEN + texts[:, 2] * TEMPLATE_TOKENS_PER_TURN) if len(texts) else None
     answer = texts[:, 1] / CHARS_PER_TOKEN if len(texts) else None
     if prompt is None or answer is None:

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
             cfg["split"],
             regenerate=bool(cfg["regenerate"]["enabled"]),
             dedupe=bool(cfg.get("dedupe")),
+            templates=cfg.get("templates") or (),
             screen=screen,
         )
     except BadRecord as e:

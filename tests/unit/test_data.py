@@ -159,3 +159,36 @@ def test_repeated_records_and_the_benchs_prompts_are_left_out_and_counted(tokeni
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": t} for t in turns])
     df, stats = prepare(str(chats), tokenizer, 512, False, regenerate=True, dedupe=True)
     assert len(df) == 2 and stats.duplicates == 1
+
+
+def test_records_of_other_shapes_take_the_first_template_whose_fields_they_have(tokenizer, tmp_path):
+    """Public math sets keep their question in fields of their own (SVAMP's `Body` and `Question`, MathQA's
+    `Problem`); data.templates makes their prompts without a converted copy of the file."""
+    rows = [
+        {"ID": "chal-1", "Body": "Jack had 8 pens.", "Question": "How many are left if he gives 3 away?"},
+        {"Problem": "a train covers 36 km in 0.5 hours . its speed ?", "options": "a ) 72 , b ) 18"},
+        {"text": "a document"},
+    ]
+    path = write_jsonl(tmp_path / "math.jsonl", rows)
+    templates = ["{Body} {Question}", "{Problem}\n\nOptions: {options}"]
+    with pytest.raises(BadRecord, match=r"math\.jsonl:3: record has neither .*data\.templates"):
+        prepare(str(path), tokenizer, 512, False, regenerate=True, templates=templates)
+    df, stats = prepare(
+        str(path), tokenizer, 512, False, regenerate=True, templates=templates, on_bad_record="skip"
+    )
+    assert stats.samples == 2 and stats.skipped == 1
+    prompts = ["Jack had 8 pens. How many are left if he gives 3 away?", templates[1].format_map(rows[1])]
+    for k, prompt in enumerate(prompts):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=False,
+        )
+        assert tokenizer.decode(df["input_ids"][k]) == text
+    # a known shape comes first: GSM8K's `question` is read as before, whatever the templates
+    gsm = write_jsonl(tmp_path / "gsm.jsonl", [{"question": "1 + 1?", "Body": "x", "Question": "y"}])
+    df, _ = prepare(str(gsm), tokenizer, 512, False, regenerate=True, templates=templates)
+    assert "1 + 1?" in tokenizer.decode(df["input_ids"][0]) and "x y" not in tokenizer.decode(
+        df["input_ids"][0]
+    )

@@ -152,3 +152,18 @@ def test_the_workflows_parse_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout[:300]
+
+
+def test_records_of_another_shape_are_pointed_at_data_templates_and_a_bad_template_is_named(tmp_path):
+    svamp = [{"Body": "Jack had 8 pens.", "Question": "How many are left?"}] * 2
+    cfg = config(tmp_path, svamp, regenerate=True)
+    problems = preflight(cfg)
+    assert any("train.jsonl:1: record has neither" in p and "data.templates" in p for p in problems), problems
+    cfg["data"]["templates"] = ["{Body} {Question}"]
+    assert preflight(cfg) == []
+    for bad, says in (("{Body", "expected '}'"), ("no fields", "names no field"), ("{} {}", "must be named")):
+        cfg["data"]["templates"] = ["{Problem}", bad]
+        problems = preflight(cfg)
+        assert len(problems) == 1 and problems[0].startswith("data.templates[1]: ") and says in problems[0], (
+            problems
+        )

@@ -108,7 +108,11 @@ def as_json(section, drop=(), keep=None, prepare=False):
     return shlex.quote(json.dumps(values, sort_keys=True))
 
 
-PREPARE_ONLY = ("dedupe", "exclude_bench")  # data keys that only prepare reads
+PREPARE_ONLY = (
+    "dedupe",
+    "exclude_bench",
+    "templates",
+)  # data keys that only prepare reads
 REGENERATE_ELSEWHERE = (
     "checks",
     "jobs_per_shard",
