@@ -60,6 +60,7 @@ OVERLAYS = {
     "configs/study-smollm2-40k-half-10ep.yaml": ["configs/study-smollm2-40k.yaml"],
     "configs/study-smollm2-40k-10ep.yaml": ["configs/study-smollm2-40k.yaml"],
     "configs/study-smollm2-40k-16ep.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-math.yaml": ["configs/study-smollm2-40k.yaml"],
 }
 CONFIGS = ["config.yaml"] + sorted(f"configs/{p.name}" for p in (REPO / "configs").glob("*.yaml"))
 USERS_RECORDS = "data/"  # where a model preset expects the user's own records and prompts

@@ -127,6 +127,27 @@ def test_bad_config_names_the_key(small_run):
     assert "on_bad_record" in proc.stderr + proc.stdout
 
 
+def test_data_templates_reach_prepare_through_the_cli_and_a_change_reprepares(small_run, tmp_path):
+    """data.templates hold braces, which Snakemake reads as wildcards in a rule's param strings: the first run
+    with SVAMP's records stopped at the DAG ("Wildcards in params cannot be determined"). Through the CLI, the
+    records' own fields make the prompts, and a changed template plans prepare again."""
+    rows = [{"ID": f"chal-{i}", "Body": f"Jack had {i + 3} pens.", "Question": "How many?"} for i in range(6)]
+    data = tmp_path / "svamp.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = yaml.safe_load((small_run / "config.yaml").read_text())
+    cfg["data"] |= {"path": str(data), "templates": ["{Body} {Question}"]}
+    cfg["results"] = str(tmp_path / "results")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    snakemake("prepare", "--configfile", str(tmp_path / "c.yaml"))
+    stats = json.loads((tmp_path / "results/prepared/stats.json").read_text())
+    assert stats["samples"] == 6 and stats["skipped"] == 0
+    assert "prepare" not in job_counts(snakemake("prepare", "-n", "--configfile", str(tmp_path / "c.yaml")).stdout)
+    cfg["data"]["templates"] = ["{Question} {Body}"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    again = snakemake("prepare", "-n", "--configfile", str(tmp_path / "c.yaml")).stdout
+    assert job_counts(again).get("prepare") == 1, again[-2000:]
+
+
 def test_bad_record_stops_prepare_with_file_and_line(small_run, tmp_path):
     """A bad line past the records preflight reads at parse time (FIRST_RECORDS) stops prepare, named; one
     among them stops `snakemake -n` already."""

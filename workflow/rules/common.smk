@@ -621,8 +621,10 @@ if not NODE_GPUS and int(config["train"]["gpus"]) > 1:
 
 def plan_config():
     """The config as the plan job reads it: not the demo's settings, which do not change the plan (a study's
-    sizes do: each trains and benches a drafter)."""
-    return {k: v for k, v in config.items() if k != "demo"}
+    sizes do: each trains and benches a drafter), nor data.templates, which the job sees applied in the
+    prepared shards (and whose braces Snakemake would read as wildcards in a param)."""
+    data = {k: v for k, v in config["data"].items() if k != "templates"}
+    return {k: v for k, v in config.items() if k != "demo"} | {"data": data}
 
 
 def dag_layout():

@@ -52,7 +52,8 @@ rule prepare:
         # with data.exclude_bench, `--bench` and the bench's prompt files follow the data (one param, so
         # that a run without it keeps its command and is not prepared again)
         data=" ".join(shlex.quote(p) for p in data_paths()) + prepare_bench_args(),
-        cfg=as_json("data", drop=("path",), prepare=True),
+        # a function: data.templates hold braces, which Snakemake would read as wildcards in a string
+        cfg=lambda wildcards: as_json("data", drop=("path",), prepare=True),
     shell:
         "python -m draftsmith.steps.prepare --target {params.target} --target-json {params.tcfg}"
         " --data {params.data} --data-json {params.cfg} --out {output.samples} --stats {output.stats} > {log} 2>&1"
