@@ -317,7 +317,7 @@ def has_chat_template(target_dir: Path) -> bool:
 
 def template_problems(config: dict, target_dir: Path) -> list[str]:
     """Base models and converted checkpoints often have no chat template: the user names one or says none."""
-    from draftsmith.target.load import NAMED_TEMPLATES
+    from draftsmith.target.templates import NAMED_TEMPLATES
 
     setting = config["target"]["chat_template"]
     if setting is None:
@@ -336,9 +336,9 @@ def template_problems(config: dict, target_dir: Path) -> list[str]:
 
 def mask_problems(config: dict, target_dir: Path, notes: list[str]) -> list[str]:
     """The mask token settled now (`target.mask.settle_mask_token`), or a stop that names candidates."""
-    from draftsmith.target.mask import no_mask_message, settle_mask_token
+    from draftsmith.target.mask import no_mask_message, settle_at_parse
 
-    choice = settle_mask_token(target_dir, config["target"], config["drafter"]["mask_token_id"])
+    choice = settle_at_parse(target_dir, config["target"], config["drafter"]["mask_token_id"])
     if choice.token_id is None:
         return [no_mask_message(choice)]
     notes.append(f"mask token {choice.token_id}: {choice.reason}")

@@ -9,10 +9,15 @@ is taken, as reserved tokens sit at the end. The prepared data is checked agains
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# Where a parse remembers its choice: beside Snakemake's own records in the working directory
+PARSE_CACHE = Path(".snakemake") / "draftsmith"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")  # files the choice never reads
 # Conversations rendered through the chat template to see which special tokens it writes itself.
 _PROBE_CONVERSATIONS = (
     [{"role": "user", "content": "a"}],
@@ -118,3 +123,38 @@ def no_mask_message(choice: MaskChoice) -> str:
         f"drafter.mask_token_id to an id real text never produces (unused special ids: {listed}), or resize "
         "the target's embedding with a spare row"
     )
+
+
+def _choice_stamp(target_dir: Path, target_cfg: dict) -> str:
+    """What `choose_mask_token` reads: the target's files but its weights (tokenizer, configs, template),
+    by size and time; the chat template the config names, by content; the settings that pick the tokenizer."""
+    files = sorted(p for p in Path(target_dir).iterdir() if p.is_file() and p.suffix not in WEIGHT_SUFFIXES)
+    stats: list[object] = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    template = target_cfg.get("chat_template")
+    if template and Path(template).expanduser().is_file():
+        stats.append(Path(template).expanduser().read_text())
+    keys = {k: target_cfg.get(k) for k in ("chat_template", "trust_remote_code")}
+    payload = json.dumps([str(Path(target_dir).resolve()), stats, keys], default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def settle_at_parse(
+    target_dir: Path, target_cfg: dict, drafter_setting: object, *, cache_dir: Path = PARSE_CACHE
+) -> MaskChoice:
+    """`settle_mask_token` as a parse of the workflow asks it, remembered for the files it read: loading a
+    tokenizer imports Transformers and torch, which took more of every `snakemake` call than the rest of the
+    parse. Only the parse's check and notes read it; the mask_check job settles the token again."""
+    if drafter_setting not in (None, "auto") or target_cfg.get("mask_token_id") is not None:
+        return settle_mask_token(target_dir, target_cfg, drafter_setting)  # no tokenizer read
+    path = Path(cache_dir) / f"mask-{_choice_stamp(target_dir, target_cfg)}.json"
+    try:
+        kept = json.loads(path.read_text())
+        return MaskChoice(kept["token_id"], kept["reason"], tuple(kept["candidates"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    choice = settle_mask_token(target_dir, target_cfg, drafter_setting)
+    from draftsmith.core.io import write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(asdict(choice)), tmp=path.with_name(f"{path.name}.{os.getpid()}.partial"))
+    return choice

@@ -154,3 +154,24 @@ def test_auto_dtype_is_bf16_where_the_cpu_computes_it_and_fp32_where_exactness_m
     assert resolve_dtype("auto", cpu, exact=True) == torch.float32
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     assert resolve_dtype("fp32", cpu) == torch.float32
+
+
+def test_a_parse_remembers_the_mask_choice_for_the_files_it_read(tmp_path, tokenizer):
+    """Every `snakemake` call settles the mask token at parse time; loading the tokenizer for it imported
+    Transformers and torch, 2.9 of a dry run's 5.0 s on a tiny local target. The choice is kept per the
+    target's files and settings; a changed tokenizer file or chat template settles it again."""
+    from draftsmith.target.mask import settle_at_parse
+
+    model = no_padding_target(tmp_path, tokenizer, extra_special=("<|reserved_0|>", "<|reserved_1|>"))
+    cfg, cache = with_defaults("target"), tmp_path / "cache"
+    first = settle_at_parse(model, cfg, "auto", cache_dir=cache)
+    assert first == settle_mask_token(model, cfg, "auto") and first.token_id is not None
+    (kept,) = cache.glob("mask-*.json")
+    kept.write_text(json.dumps({"token_id": 7, "reason": "kept", "candidates": []}))  # what a parse reads
+    assert settle_at_parse(model, cfg, "auto", cache_dir=cache).reason == "kept"
+    assert settle_at_parse(model, cfg, 5, cache_dir=cache).token_id == 5  # a setting needs no tokenizer
+    chatml = {**cfg, "chat_template": "chatml"}
+    assert settle_at_parse(model, chatml, "auto", cache_dir=cache).reason != "kept"
+    config_file = model / "tokenizer_config.json"
+    config_file.write_text(config_file.read_text() + "\n")
+    assert settle_at_parse(model, cfg, "auto", cache_dir=cache) == first
