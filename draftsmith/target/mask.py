@@ -155,6 +155,9 @@ def settle_at_parse(
     choice = settle_mask_token(target_dir, target_cfg, drafter_setting)
     from draftsmith.core.io import write_text
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, json.dumps(asdict(choice)), tmp=path.with_name(f"{path.name}.{os.getpid()}.partial"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps(asdict(choice)), tmp=path.with_name(f"{path.name}.{os.getpid()}.partial"))
+    except OSError:  # a working directory it cannot write: the next parse settles the token again
+        pass
     return choice

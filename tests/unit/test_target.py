@@ -175,3 +175,6 @@ def test_a_parse_remembers_the_mask_choice_for_the_files_it_read(tmp_path, token
     config_file = model / "tokenizer_config.json"
     config_file.write_text(config_file.read_text() + "\n")
     assert settle_at_parse(model, cfg, "auto", cache_dir=cache) == first
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a cache folder that cannot be made: the choice all the same
+    assert settle_at_parse(model, cfg, "auto", cache_dir=blocked / "cache") == first
