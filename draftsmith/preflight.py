@@ -156,16 +156,15 @@ def template_fields_problems(templates: list[str]) -> list[str]:
         try:
             fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
         except ValueError as e:
-            fields, why = [], f"{e}"
+            why = str(e)
         else:
-            why = "it names no field"
-        if not fields or any(not f for f in fields):
-            if fields:
-                why = "a field must be named ('{}' is not)"
-            problems.append(
-                f"data.templates[{k}]: {template!r}: {why}; write the record's fields in braces, as in "
-                "'{Body} {Question}'"
-            )
+            if fields and all(fields):
+                continue
+            why = "a field must be named ('{}' is not)" if fields else "it names no field"
+        problems.append(
+            f"data.templates[{k}]: {template!r}: {why}; write the record's fields in braces, as in "
+            "'{Body} {Question}'"
+        )
     return problems
 
 
