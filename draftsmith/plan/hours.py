@@ -214,7 +214,7 @@ def table_hours(
 
 def launch_floor(cls: dict, rate: float, source: str, *, layers: int) -> tuple[float, str]:
     """The bench's rate capped where a batch-1 decode step is its layers' launches, not its weights' reads:
-    scaled by parameters alone, a 135M target's bench was planned at 1/32 of what it took (2026-12-06)."""
+    scaled by parameters alone, a small target's bench is planned far under what it takes (planning.md)."""
     floor = cls.get("bench_layer_step_s")
     if not floor or rate * layers * float(floor["value"]) <= 1.0:
         return rate, source
