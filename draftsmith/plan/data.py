@@ -37,9 +37,8 @@ class DataSize:
     tokens_bound: float  # mean tokens a sample can take on disk, capped by data.max_length
     source: str  # "estimate", "measured" or "measured prompts; answers bounded by max_new_tokens"
     answers_bounded: bool = False  # the target writes the answers, and none is written yet: their bound
-    answered: int = (
-        0  # of `samples`, those whose answers are written already (by id): regeneration skips them
-    )
+    # of `samples`, those whose answers are written already (by id): regeneration skips them
+    answered: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -15,6 +15,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from draftsmith.core.io import write_text
+
 # Where a parse remembers its choice: beside Snakemake's own records in the working directory
 PARSE_CACHE = Path(".snakemake") / "draftsmith"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")  # files the choice never reads
@@ -130,9 +132,9 @@ def _choice_stamp(target_dir: Path, target_cfg: dict) -> str:
     by size and time; the chat template the config names, by content; the settings that pick the tokenizer."""
     files = sorted(p for p in Path(target_dir).iterdir() if p.is_file() and p.suffix not in WEIGHT_SUFFIXES)
     stats: list[object] = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    template = target_cfg.get("chat_template")
-    if template and Path(template).expanduser().is_file():
-        stats.append(Path(template).expanduser().read_text())
+    template = Path(target_cfg.get("chat_template") or "").expanduser()
+    if template.is_file():  # no template named: Path("") is the folder "."
+        stats.append(template.read_text())
     keys = {k: target_cfg.get(k) for k in ("chat_template", "trust_remote_code")}
     payload = json.dumps([str(Path(target_dir).resolve()), stats, keys], default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
@@ -153,8 +155,6 @@ def settle_at_parse(
     except (OSError, ValueError, KeyError, TypeError):
         pass
     choice = settle_mask_token(target_dir, target_cfg, drafter_setting)
-    from draftsmith.core.io import write_text
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, json.dumps(asdict(choice)), tmp=path.with_name(f"{path.name}.{os.getpid()}.partial"))
