@@ -99,7 +99,8 @@ def regenerate_cached(
     """`regenerate`, with the answers kept in `cache` (a parquet file and its key beside it): a rerun of the
     job (a retry after running out of memory in extraction, a killed job, new taps or storage) reuses them
     instead of decoding for hours again. `elsewhere` looks for them in the run's other answer files before
-    anything is decoded. Stats are None when the answers were reused. `settings` (`answer_settings`) goes
+    anything is decoded, and only the samples none of them answers are decoded. Stats are None when every
+    answer was reused, else they count the decoded ones. `settings` (`answer_settings`) goes
     into the stamp: the plan reads it to leave the answers it will reuse out of regeneration's hours."""
     stamp = cache.with_suffix(".json")
     try:
@@ -114,11 +115,17 @@ def regenerate_cached(
                 return done, None
     except (OSError, ValueError, KeyError):
         pass  # no cache, or a torn one: decode
-    found = elsewhere() if elsewhere is not None else None
-    if found is not None:
-        out, stats = found, None
+    found = elsewhere() if elsewhere is not None else None  # what the run's other answer files hold
+    rest = samples if found is None else samples[~samples["id"].isin(found["id"])].reset_index(drop=True)
+    stats = None
+    if len(rest):  # only the prompts no file answers: a grown data set decodes its new prompts alone
+        out, stats = regenerate(model, tokenizer, rest, **kwargs)
+        if found is not None:
+            log.info("regeneration: %d answers reused, %d decoded", len(found), len(rest))
+            out = pd.concat([found, out]).set_index("id", drop=False)
+            out = out.loc[samples["id"].tolist()].reset_index(drop=True)
     else:
-        out, stats = regenerate(model, tokenizer, samples, **kwargs)
+        out = found
     write_parquet(out, cache)
     write_json(stamp, {"key": key, "answers": len(out), "settings": settings})
     return out, stats
@@ -128,9 +135,10 @@ def answered_elsewhere(
     samples: pd.DataFrame, files: list[Path], key_of: Callable[[pd.DataFrame], str]
 ) -> pd.DataFrame | None:
     """The answers to `samples` gathered from answer files written in another layout (rounds and one round,
-    another jobs_per_shard or shard count), or None unless every sample has one. A file counts only when its
-    stamp's key is the key of its own rows now (the same target, decoding settings and prompts), and a sample
-    only when its prompt is the one asked about."""
+    another jobs_per_shard or shard count, or a smaller data set), in the order of `samples`; None when no
+    sample has one. A file counts only when its stamp's key is the key of its own rows now (the same target,
+    decoding settings and prompts) and it has every column of `samples`, and a sample only when its prompt is
+    the one asked about."""
 
     def prompt(ids, pl) -> bytes:
         return np.asarray(ids[:pl], dtype=np.int64).tobytes()
@@ -146,22 +154,27 @@ def answered_elsewhere(
             df = pd.read_parquet(f)
         except (OSError, ValueError):
             continue
-        if key != key_of(df):
+        if key != key_of(df) or not set(samples.columns) <= set(df.columns):
             continue
-        for row, (i, ids, pl) in enumerate(zip(df["id"], df["input_ids"], df["prompt_len"])):
-            if i in asked and i not in found and prompt(ids, pl) == asked[i]:  # the same prompt, cut the same
-                found[i] = (len(valid), row)
-        valid.append(df)
-    if len(found) < len(asked):
+        hits = {
+            i: (len(valid), row)
+            for row, (i, ids, pl) in enumerate(zip(df["id"], df["input_ids"], df["prompt_len"]))
+            if i in asked and i not in found and prompt(ids, pl) == asked[i]  # the same prompt, cut the same
+        }
+        if hits:
+            found.update(hits)
+            valid.append(df[list(samples.columns)])
+    if not found:
         return None
     rows: dict[int, list[int]] = {}
     for k, row in found.values():
         rows.setdefault(k, []).append(row)
     pool = pd.concat([valid[k].iloc[r] for k, r in rows.items()]).set_index("id", drop=False)
-    out = pool.loc[samples["id"].tolist()].reset_index(drop=True)
+    out = pool.loc[[i for i in samples["id"] if i in found]].reset_index(drop=True)
     log.info(
-        "regeneration: reusing %d answers from %d answer file(s) of this run's other layout",
+        "regeneration: %d of %d answers found in %d answer file(s) of this run's other layouts",
         len(out),
+        len(samples),
         len(valid),
     )
     return out

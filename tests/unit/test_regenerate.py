@@ -277,6 +277,53 @@ def test_answers_made_in_one_layout_are_found_in_another(model, tmp_path):
         assert stats is None, job
 
 
+def test_a_grown_data_set_decodes_its_new_prompts_alone(model, tmp_path):
+    """Issue 37's math run added 8,460 prompts to 43,629 answered ones, and its two one-round extraction jobs
+    decoded all 52,089 again (5 minutes each): the other layouts' files counted only when they answered every
+    sample of a shard. Now the answers found are kept and only the rest are decoded, in the shard's order."""
+    from draftsmith.config import with_defaults
+    from draftsmith.dataset.regenerate import regenerate_into, regenerate_shard
+
+    samples = _samples(_prompts() + _prompts(seed=2))
+    target = {"model": "tiny"}
+    data = with_defaults("data", {"max_length": 64, "regenerate": {"enabled": True, "max_new_tokens": 6}})
+    results = tmp_path / "results"
+    old = samples.iloc[: len(samples) // 2 + 1].reset_index(drop=True)  # the smaller data set, answered
+    cache = results / "answers" / "cache" / "shard000.parquet"
+    made, _ = regenerate_into(model, Tok(), old, cache, target=target, data=data, slots=4, results=results)
+    made = made.set_index("id")
+    grown = samples.iloc[::-1].reset_index(drop=True)  # all of them, cut into a shard in another order
+    got, stats = regenerate_shard(
+        model,
+        Tok(),
+        grown,
+        shard_out=results / "extract" / "shard000.safetensors",
+        target=target,
+        data=data,
+        slots=4,
+    )
+    assert stats is not None and stats.prompts == len(samples) - len(old)  # the new prompts alone
+    assert got["id"].tolist() == grown["id"].tolist()
+    for i, ids, mask, n in zip(got["id"], got["input_ids"], got["loss_mask"], got["num_tokens"]):
+        assert len(ids) == len(mask) == n
+        if i in made.index:
+            assert np.array_equal(ids, made.loc[i, "input_ids"])
+        else:
+            assert not np.array_equal(ids, samples.set_index("id").loc[i, "input_ids"])  # answered anew
+    again, stats = regenerate_shard(
+        model,
+        Tok(),
+        grown,
+        shard_out=results / "extract" / "shard000.safetensors",
+        target=target,
+        data=data,
+        slots=4,
+    )
+    assert stats is None and [a.tolist() for a in again["input_ids"]] == [
+        a.tolist() for a in got["input_ids"]
+    ]
+
+
 def test_plan_slots_fits_memory_and_says_what_to_lower(model, caplog):
     """The GPU path of `regenerate` sizes its slots with this, from the free memory nvidia reports."""
     from draftsmith.engine.memory import NoRoomForAnswers, fit_slots, plan_slots, prefill_reserve
