@@ -142,6 +142,7 @@ for phase in "$@"; do
         OVERLAY=${STUDY_OVERLAY-configs/study-smollm2-rounds.yaml}
         if [ "${STUDY_ROUNDS:-0}" = 1 ]; then  # issue 34: the largest size in rounds, the states' peak sampled
             rm -f /tmp/study/answers.tgz.*  # session A's parts on this machine came back already: watch sends none
+            touch /tmp/study/started  # answer files newer than this were decoded by this run
             (peak=0; while sleep 1; do
                 now=$(find $R/rounds -name '*.safetensors' -printf '%b\n' 2>/dev/null | awk '{s += $1 * 512} END {print s + 0}')
                 [ "$now" -gt "$peak" ] && peak=$now && echo $peak > /tmp/study/peak
@@ -170,6 +171,13 @@ for phase in "$@"; do
             LOG=/tmp/study/plan_first.log study plan --until plan --configfile $CFG $OVERLAY $EXTRA
             study rounds --keep-going --configfile $CFG $OVERLAY $EXTRA
             echo "study exit $?" >> $LOG
+            # the answers the run decoded (one round's extraction keeps them in extract/regen), packed with the
+            # carried cache for a later session's .stage/c: on 2026-12-06 the math prompts' 8,460 came back
+            # only this way. About 30 MB: the last watch call brings them beside the results and the drafter
+            if [ -n "$(find $R/answers/cache $R/extract/regen -name '*.parquet' -newer /tmp/study/started 2>/dev/null | head -1)" ]; then
+                rm -f /tmp/study/answers.tgz.*
+                tar czf - -C $R $(cd $R && ls -d answers/cache extract/regen 2>/dev/null) | split -b 15m - /tmp/study/answers.tgz.
+            fi
             kill $MONITOR $PEAK 2>/dev/null; date +%T > /tmp/study/done
             exit 0
         fi
