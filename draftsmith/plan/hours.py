@@ -190,7 +190,9 @@ def table_hours(
 
     (regen, rsrc), (ext, esrc) = rate("regenerate_new_tokens_s", tscale), rate("extract_tokens_s", tscale)
     (trn, tsrc), (bch, bsrc) = rate("train_tokens_s", dscale), rate("bench_tokens_s", tscale)
-    bch, bsrc = launch_floor(cls, bch, bsrc, layers=int(shape["num_hidden_layers"]))
+    layers = int(shape["num_hidden_layers"])
+    bch, bsrc = launch_floor(cls, bch, bsrc, layers=layers)
+    regen, rsrc = answer_floor(cls, regen, rsrc, layers=layers, answer_tokens=size.answer_tokens)
     out: dict = {}
     if config["data"]["regenerate"]["enabled"]:  # decoding, and the prompts' prefill at the forward's rate
         rsrc += _cached_note(size)
@@ -220,6 +222,24 @@ def launch_floor(cls: dict, rate: float, source: str, *, layers: int) -> tuple[f
         return rate, source
     cap = 1.0 / (layers * float(floor["value"]))
     return cap, f"{cls['name']}: {floor['source']}; {layers} layers (scaled by parameters: {rate:,.0f})"
+
+
+def answer_floor(
+    cls: dict, rate: float, source: str, *, layers: int, answer_tokens: float
+) -> tuple[float, str]:
+    """Regeneration's rate capped where an answer costs its layers' launches: its admission (a prefill of a
+    few prompts) and its share of the decode steps, each launched layer by layer. Scaled by parameters alone,
+    a small target's answers are planned far under what they take (planning.md)."""
+    floor = cls.get("regenerate_layer_answer_s")
+    if not floor or answer_tokens <= 0:
+        return rate, source
+    cap = answer_tokens / (layers * float(floor["value"]))
+    if rate <= cap:
+        return rate, source
+    return cap, (
+        f"{cls['name']}: {floor['source']}; {layers} layers, {answer_tokens:.0f}-token answers "
+        f"(scaled by parameters: {rate:,.0f})"
+    )
 
 
 def bench_answer_share(rates: dict, *, cap: int) -> float:

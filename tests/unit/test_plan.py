@@ -531,3 +531,32 @@ def test_a_small_targets_bench_is_planned_at_its_layers_launches_not_its_paramet
         )
         and "layers" not in big["source"]
     )
+
+
+def test_a_small_targets_answers_are_planned_at_their_layers_launches_not_its_parameters():
+    """The 40k study's math run decoded 52,089 answers of 245 tokens with SmolLM2-135M (30 layers) in 340 s
+    on one H100, where the table scaled by parameters from the 27B said 602,908 new tokens/s, 21 s: each
+    answer's admission and decode steps are launched layer by layer. The 27B's rate is left as it is."""
+    from draftsmith.plan.data import DataSize
+    from draftsmith.plan.hours import table_hours
+
+    files = ("study-smollm2-40k.yaml", "study-smollm2-40k-10ep.yaml", "study-smollm2-40k-math.yaml")
+    config = load_config([str(REPO / "configs" / f) for f in files])
+    size = DataSize(52_089, 94.0, 245.0, 339.0, "measured")  # nothing cached: every answer decoded
+
+    def regeneration(shape_file: str) -> dict:
+        shape = json.loads((REPO / "configs/shapes" / shape_file).read_text())
+        hours = table_hours(
+            config, size, shape, 12_300_000, gpu_name="NVIDIA H100 80GB HBM3", gpus=8, passes=1.0,
+            bench_prompts=80,
+        )  # fmt: skip
+        return hours["regeneration"]
+
+    small, big = regeneration("smollm2-135m.json"), regeneration("qwen3.6-27b.json")
+    assert small["rate"] == pytest.approx(245.0 / (30 * 2.2e-4)) and "245-token answers" in small["source"]
+    assert (
+        0.8 < 340 / 3600 / small["gpu_hours"] < 1.25
+    )  # the math run's decode, the prompts' prefill beside it
+    shape = json.loads((REPO / "configs/shapes/qwen3.6-27b.json").read_text())
+    assert big["rate"] == pytest.approx(4026.0 * 2.6366e10 / target_params(shape))
+    assert "answers (scaled" not in big["source"]
