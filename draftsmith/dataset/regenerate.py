@@ -149,10 +149,12 @@ def answered_elsewhere(
     valid: list[pd.DataFrame] = []
     found: dict[str, tuple[int, int]] = {}  # sample id -> (file, row)
     for f in files:
-        try:
+        try:  # the ids first: a fresh run's jobs find none of theirs in the files written so far
+            if not pd.read_parquet(f, columns=["id"])["id"].isin(asked.keys() - found.keys()).any():
+                continue
             key = json.loads(f.with_suffix(".json").read_text()).get("key")
             df = pd.read_parquet(f)
-        except (OSError, ValueError):
+        except (OSError, ValueError, KeyError):
             continue
         if key != key_of(df) or not set(samples.columns) <= set(df.columns):
             continue
