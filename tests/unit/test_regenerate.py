@@ -293,15 +293,12 @@ def test_a_grown_data_set_decodes_its_new_prompts_alone(model, tmp_path):
     made, _ = regenerate_into(model, Tok(), old, cache, target=target, data=data, slots=4, results=results)
     made = made.set_index("id")
     grown = samples.iloc[::-1].reset_index(drop=True)  # all of them, cut into a shard in another order
-    got, stats = regenerate_shard(
-        model,
-        Tok(),
-        grown,
-        shard_out=results / "extract" / "shard000.safetensors",
-        target=target,
-        data=data,
-        slots=4,
-    )
+    out = results / "extract" / "shard000.safetensors"
+
+    def answer() -> tuple[pd.DataFrame, object]:
+        return regenerate_shard(model, Tok(), grown, shard_out=out, target=target, data=data, slots=4)
+
+    got, stats = answer()
     assert stats is not None and stats.prompts == len(samples) - len(old)  # the new prompts alone
     assert got["id"].tolist() == grown["id"].tolist()
     for i, ids, mask, n in zip(got["id"], got["input_ids"], got["loss_mask"], got["num_tokens"]):
@@ -310,15 +307,7 @@ def test_a_grown_data_set_decodes_its_new_prompts_alone(model, tmp_path):
             assert np.array_equal(ids, made.loc[i, "input_ids"])
         else:
             assert not np.array_equal(ids, samples.set_index("id").loc[i, "input_ids"])  # answered anew
-    again, stats = regenerate_shard(
-        model,
-        Tok(),
-        grown,
-        shard_out=results / "extract" / "shard000.safetensors",
-        target=target,
-        data=data,
-        slots=4,
-    )
+    again, stats = answer()  # a rerun: its own cache
     assert stats is None and [a.tolist() for a in again["input_ids"]] == [
         a.tolist() for a in got["input_ids"]
     ]
