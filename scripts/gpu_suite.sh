@@ -84,6 +84,13 @@ engine_inputs() {  # the inputs of demo-real's DAG: the GGUF from the study's st
         --bench-out $R/inputs/humaneval.jsonl --count 600 --seed 0
 }
 
+pack_answers() {  # $1: a results folder, then its answer folders: 15 MB parts for a later session's .stage/c,
+    # split aside and moved in whole, so that a watch call never sends a part still being written
+    local r=$1; shift
+    rm -rf /tmp/study/pack && mkdir -p /tmp/study/pack
+    tar czf - -C $r "$@" | split -b 15m - /tmp/study/pack/answers.tgz. && mv /tmp/study/pack/answers.tgz.* /tmp/study/
+}
+
 watch_end() {  # SECONDS at which a watch phase stops: $1 seconds from now, or 20 s before CALL_END when sooner
     local end=$((SECONDS + $1))
     if [ -n "${CALL_END:-}" ]; then
@@ -133,7 +140,7 @@ for phase in "$@"; do
         if [ "${STUDY_ANSWERS:-0}" = 1 ]; then  # issue 37's first session: the answers alone, packed for the next
             study answers answers --configfile $CFG ${STUDY_EXTRA:-}
             echo "study exit $?" >> $LOG
-            tar czf - -C $R answers/cache | split -b 15m - /tmp/study/answers.tgz.  # the cache: keyed by content
+            pack_answers $R answers/cache  # the cache: keyed by content
             kill $MONITOR 2>/dev/null; date +%T > /tmp/study/done
             exit 0
         fi
@@ -163,7 +170,7 @@ for phase in "$@"; do
             if [ ! -d $R/answers/cache ]; then
                 LOG=/tmp/study/answers_first.log study answers answers --configfile $CFG
                 # packed for a later session's .stage/c (watch sends the parts once): it skips this step
-                tar czf - -C $R answers/cache | split -b 15m - /tmp/study/answers.tgz.
+                pack_answers $R answers/cache
             fi
             # the plan rule first: a DAG built before the data was prepared holds an estimate's rounds, and the
             # plan rule stops such a run once it has weighed the prepared shards; the next parse plans from them.
@@ -176,7 +183,7 @@ for phase in "$@"; do
             # only this way. About 30 MB: the last watch call brings them beside the results and the drafter
             if [ -n "$(find $R/answers/cache $R/extract/regen -name '*.parquet' -newer /tmp/study/started 2>/dev/null | head -1)" ]; then
                 rm -f /tmp/study/answers.tgz.*
-                tar czf - -C $R $(cd $R && ls -d answers/cache extract/regen 2>/dev/null) | split -b 15m - /tmp/study/answers.tgz.
+                pack_answers $R $(cd $R && ls -d answers/cache extract/regen 2>/dev/null)
             fi
             kill $MONITOR $PEAK 2>/dev/null; date +%T > /tmp/study/done
             exit 0

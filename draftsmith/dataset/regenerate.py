@@ -118,7 +118,7 @@ def regenerate_cached(
     found = elsewhere() if elsewhere is not None else None  # what the run's other answer files hold
     rest = samples if found is None else samples[~samples["id"].isin(found["id"])].reset_index(drop=True)
     stats = None
-    if len(rest):  # only the prompts no file answers: a grown data set decodes its new prompts alone
+    if len(rest) or found is None:  # only the prompts no file answers: a grown data set decodes its new ones
         out, stats = regenerate(model, tokenizer, rest, **kwargs)
         if found is not None:
             log.info("regeneration: %d answers reused, %d decoded", len(found), len(rest))

@@ -311,6 +311,14 @@ def test_a_grown_data_set_decodes_its_new_prompts_alone(model, tmp_path):
     assert stats is None and [a.tolist() for a in again["input_ids"]] == [
         a.tolist() for a in got["input_ids"]
     ]
+    none = samples.iloc[
+        :0
+    ]  # a job with no rows (jobs_per_shard over a shard's samples): none decoded, none found
+    empty, _ = regenerate_into(
+        model, Tok(), none, results / "answers/cache/shard001.parquet", target=target, data=data, slots=4,
+        results=results,
+    )  # fmt: skip
+    assert len(empty) == 0
 
 
 def test_plan_slots_fits_memory_and_says_what_to_lower(model, caplog):
