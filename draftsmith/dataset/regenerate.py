@@ -174,7 +174,7 @@ def answered_elsewhere(
     pool = pd.concat([valid[k].iloc[r] for k, r in rows.items()]).set_index("id", drop=False)
     out = pool.loc[[i for i in samples["id"] if i in found]].reset_index(drop=True)
     log.info(
-        "regeneration: %d of %d answers found in %d answer file(s) of this run's other layouts",
+        "regeneration: reusing %d of %d answers, found in %d answer file(s) of this run's other layouts",
         len(out),
         len(samples),
         len(valid),
