@@ -219,7 +219,8 @@ def regenerate_into(
         return cache_key(target, regen, max_length, rows)
 
     def elsewhere() -> pd.DataFrame | None:
-        files = [] if results is None else [f for f in answer_files(results) if f != cache]
+        # its own file too: written for fewer prompts (a grown data set), its answers still hold for those
+        files = [] if results is None else answer_files(results)
         return answered_elsewhere(samples, files, key_of) if files else None
 
     return regenerate_cached(

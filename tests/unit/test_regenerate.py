@@ -311,13 +311,17 @@ def test_a_grown_data_set_decodes_its_new_prompts_alone(model, tmp_path):
     assert stats is None and [a.tolist() for a in again["input_ids"]] == [
         a.tolist() for a in got["input_ids"]
     ]
-    none = samples.iloc[
-        :0
-    ]  # a job with no rows (jobs_per_shard over a shard's samples): none decoded, none found
+    # grown in place: the job's own file, written for the smaller set, is the only one that holds answers
+    alone = tmp_path / "in_place" / "extract" / "shard000.safetensors"
+    _, stats = regenerate_shard(model, Tok(), old, shard_out=alone, target=target, data=data, slots=4)
+    assert stats is not None and stats.prompts == len(old)
+    _, stats = regenerate_shard(model, Tok(), grown, shard_out=alone, target=target, data=data, slots=4)
+    assert stats is not None and stats.prompts == len(samples) - len(old)
+    # a job with no rows (jobs_per_shard over a shard's samples): none decoded, none found, no error
+    none = results / "answers/cache/shard001.parquet"
     empty, _ = regenerate_into(
-        model, Tok(), none, results / "answers/cache/shard001.parquet", target=target, data=data, slots=4,
-        results=results,
-    )  # fmt: skip
+        model, Tok(), samples.iloc[:0], none, target=target, data=data, slots=4, results=results
+    )
     assert len(empty) == 0
 
 
