@@ -85,9 +85,10 @@ engine_inputs() {  # the inputs of demo-real's DAG: the GGUF from the study's st
 }
 
 pack_answers() {  # $1: a results folder, then its answer folders: 15 MB parts for a later session's .stage/c,
-    # split aside and moved in whole, so that a watch call never sends a part still being written
+    # split aside and moved in whole, so that a watch call never sends a part still being written; an earlier
+    # pack's unsent parts go first (a stale part beside fewer new ones would join the next unpack)
     local r=$1; shift
-    rm -rf /tmp/study/pack && mkdir -p /tmp/study/pack
+    rm -rf /tmp/study/pack /tmp/study/answers.tgz.* && mkdir -p /tmp/study/pack
     tar czf - -C $r "$@" | split -b 15m - /tmp/study/pack/answers.tgz. && mv /tmp/study/pack/answers.tgz.* /tmp/study/
 }
 
@@ -182,7 +183,6 @@ for phase in "$@"; do
             # carried cache for a later session's .stage/c: on 2026-12-06 the math prompts' 8,460 came back
             # only this way. About 30 MB: the last watch call brings them beside the results and the drafter
             if [ -n "$(find $R/answers/cache $R/extract/regen -name '*.parquet' -newer /tmp/study/started 2>/dev/null | head -1)" ]; then
-                rm -f /tmp/study/answers.tgz.*
                 pack_answers $R $(cd $R && ls -d answers/cache extract/regen 2>/dev/null)
             fi
             kill $MONITOR $PEAK 2>/dev/null; date +%T > /tmp/study/done

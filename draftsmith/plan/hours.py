@@ -191,8 +191,12 @@ def table_hours(
     (regen, rsrc), (ext, esrc) = rate("regenerate_new_tokens_s", tscale), rate("extract_tokens_s", tscale)
     (trn, tsrc), (bch, bsrc) = rate("train_tokens_s", dscale), rate("bench_tokens_s", tscale)
     layers = int(shape["num_hidden_layers"])
-    bch, bsrc = launch_floor(cls, bch, bsrc, layers=layers)
-    regen, rsrc = answer_floor(cls, regen, rsrc, layers=layers, answer_tokens=size.answer_tokens)
+    bch, bsrc = layer_floor(cls, "bench_layer_step_s", bch, bsrc, layers=layers)
+    tokens = size.answer_tokens  # an answer's admission and its share of the decode steps
+    regen, rsrc = layer_floor(
+        cls, "regenerate_layer_answer_s", regen, rsrc, layers=layers, units=tokens,
+        what=f", {tokens:.0f}-token answers",
+    )  # fmt: skip
     out: dict = {}
     if config["data"]["regenerate"]["enabled"]:  # decoding, and the prompts' prefill at the forward's rate
         rsrc += _cached_note(size)
@@ -214,32 +218,20 @@ def table_hours(
     return out
 
 
-def launch_floor(cls: dict, rate: float, source: str, *, layers: int) -> tuple[float, str]:
-    """The bench's rate capped where a batch-1 decode step is its layers' launches, not its weights' reads:
-    scaled by parameters alone, a small target's bench is planned far under what it takes (planning.md)."""
-    floor = cls.get("bench_layer_step_s")
-    if not floor or rate * layers * float(floor["value"]) <= 1.0:
-        return rate, source
-    cap = 1.0 / (layers * float(floor["value"]))
-    return cap, f"{cls['name']}: {floor['source']}; {layers} layers (scaled by parameters: {rate:,.0f})"
-
-
-def answer_floor(
-    cls: dict, rate: float, source: str, *, layers: int, answer_tokens: float
+def layer_floor(
+    cls: dict, key: str, rate: float, source: str, *, layers: int, units: float = 1.0, what: str = ""
 ) -> tuple[float, str]:
-    """Regeneration's rate capped where an answer costs its layers' launches: its admission (a prefill of a
-    few prompts) and its share of the decode steps, each launched layer by layer. Scaled by parameters alone,
-    a small target's answers are planned far under what they take (planning.md)."""
-    floor = cls.get("regenerate_layer_answer_s")
-    if not floor or answer_tokens <= 0:
+    """A parameter-scaled rate capped where each of its `units` (a bench step's token, an answer's tokens)
+    costs the target's layers' launches through Python, `key` seconds a layer: a small target is
+    launch-bound, and scaled by parameters alone its bench and answers are planned far under what they take
+    (planning.md)."""
+    floor = cls.get(key)
+    if not floor or units <= 0:
         return rate, source
-    cap = answer_tokens / (layers * float(floor["value"]))
+    cap = units / (layers * float(floor["value"]))
     if rate <= cap:
         return rate, source
-    return cap, (
-        f"{cls['name']}: {floor['source']}; {layers} layers, {answer_tokens:.0f}-token answers "
-        f"(scaled by parameters: {rate:,.0f})"
-    )
+    return cap, f"{cls['name']}: {floor['source']}; {layers} layers{what} (scaled by parameters: {rate:,.0f})"
 
 
 def bench_answer_share(rates: dict, *, cap: int) -> float:
