@@ -213,7 +213,8 @@ for phase in "$@"; do
         [ -f /tmp/study/bg.log ] || { echo "no study on this machine (a fresh one: the last went back); run study_start"; exit 3; }
         END=$(watch_end ${WATCH_S:-560})
         while [ ! -f /tmp/study/done ] && [ $SECONDS -lt $END ]; do
-            sleep 30; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6 | rounds: $(round_pace $R), states' peak $(cat /tmp/study/peak 2>/dev/null) B"
+            # the end is seen within 5 s (a session's last minutes are its scarcest); a line every 30 s
+            sleep 5; [ $((SECONDS % 30)) -lt 5 ] || continue; echo "$(date +%T) $(cat /tmp/study/stage) $(grep -o '[0-9]* of [0-9]* steps.*done' /tmp/study/snakemake.log | tail -1) | $(tail -1 /tmp/study/gpu.log) | sweep: $(ls /tmp/sweep/*/summary.json 2>/dev/null | wc -l) of 6 | rounds: $(round_pace $R), states' peak $(cat /tmp/study/peak 2>/dev/null) B"
         done
         grep -h -B2 -A12 "Error in rule" /tmp/study/snakemake.log | head -60
         grep -l -i -E "traceback" $R/logs/*.log $R/logs/*/*.log $R/logs/*/*/*.log 2>/dev/null | head -3 | xargs -r tail -n 25
