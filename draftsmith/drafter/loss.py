@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 from draftsmith.drafter.batches import Batch
+
+EAGER_LOSS_ENV = "DRAFTSMITH_EAGER_LOSS"  # "1": the loss's chunk terms run eagerly on a GPU too
 
 
 def auto_gamma(block_size: int) -> float:
@@ -21,6 +25,36 @@ def position_weights(block_size: int, gamma: float) -> torch.Tensor:
     return w
 
 
+def chunk_terms(logits: torch.Tensor, labels: torch.Tensor, row_w: torch.Tensor, dtype: torch.dtype):
+    """One chunk's weighted CE sum, argmax and dL/dlogits, from its logits [n, V] (the head's dtype).
+
+    One function so that Inductor can fuse it on a GPU. Eager PyTorch makes about eight passes over a chunk's
+    fp32 logits (the upcast, log-sum-exp, argmax, softmax, the label's minus one, the row weights, the
+    downcast); for a small drafter's large vocabulary those passes can cost more than the head's matmuls.
+    """
+    x = logits.float()  # [n, V]
+    lse = torch.logsumexp(x, dim=-1)  # [n]
+    loss = (row_w * (lse - x.gather(1, labels[:, None]).squeeze(1))).sum()
+    pred = x.argmax(-1)  # [n]
+    vocab = torch.arange(x.shape[1], device=x.device)
+    g = torch.exp(x - lse[:, None]) - (vocab[None, :] == labels[:, None]).float()  # softmax - onehot
+    return loss, pred, (g * row_w[:, None]).to(dtype)
+
+
+_fused_terms = None  # chunk_terms compiled, built at the first GPU step
+
+
+def terms_for(device: torch.device):
+    """chunk_terms as the device runs it best: compiled on a GPU (set DRAFTSMITH_EAGER_LOSS=1 for eager),
+    eager on the CPU, where Inductor would need a C++ compiler and the tests' chunks are small."""
+    global _fused_terms
+    if device.type != "cuda" or os.environ.get(EAGER_LOSS_ENV) == "1":
+        return chunk_terms
+    if _fused_terms is None:
+        _fused_terms = torch.compile(chunk_terms, dynamic=True)
+    return _fused_terms
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Weighted cross-entropy through a frozen LM head, in row chunks: logits never exist for all rows at
     once.
@@ -34,17 +68,16 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
         pred = torch.empty_like(labels)
         grad = torch.empty_like(h) if h.requires_grad else None
+        terms = terms_for(h.device)
         for i in range(0, h.shape[0], chunk):
             hc = h[i : i + chunk]
-            logits = (hc.to(weight.dtype) @ weight.T).float()
-            lab, w = labels[i : i + chunk], row_w[i : i + chunk]
-            lse = torch.logsumexp(logits, dim=-1)
-            loss += (w * (lse - logits.gather(1, lab[:, None]).squeeze(1))).sum()
-            pred[i : i + chunk] = logits.argmax(-1)
+            logits = hc.to(weight.dtype) @ weight.T  # [n, V]
+            part, pred[i : i + chunk], g = terms(
+                logits, labels[i : i + chunk], row_w[i : i + chunk], weight.dtype
+            )
+            loss += part
             if grad is not None:
-                g = torch.softmax(logits, dim=-1)
-                g[torch.arange(lab.shape[0], device=h.device), lab] -= 1.0
-                grad[i : i + chunk] = ((g * w[:, None]).to(weight.dtype) @ weight).to(h.dtype)
+                grad[i : i + chunk] = (g @ weight).to(h.dtype)
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(pred)
         return loss, pred
