@@ -25,8 +25,11 @@ def position_weights(block_size: int, gamma: float) -> torch.Tensor:
     return w
 
 
-def chunk_terms(logits: torch.Tensor, labels: torch.Tensor, row_w: torch.Tensor, dtype: torch.dtype):
-    """One chunk's weighted CE sum, argmax and dL/dlogits, from its logits [n, V] (the head's dtype).
+def chunk_terms(
+    logits: torch.Tensor, labels: torch.Tensor, row_w: torch.Tensor, dtype: torch.dtype, *, grad: bool = True
+):
+    """One chunk's weighted CE sum, argmax and dL/dlogits (None without `grad`), from its logits [n, V] (the
+    head's dtype).
 
     One function so that Inductor can fuse it on a GPU. Eager PyTorch makes about eight passes over a chunk's
     fp32 logits (the upcast, log-sum-exp, argmax, softmax, the label's minus one, the row weights, the
@@ -36,6 +39,8 @@ def chunk_terms(logits: torch.Tensor, labels: torch.Tensor, row_w: torch.Tensor,
     lse = torch.logsumexp(x, dim=-1)  # [n]
     loss = (row_w * (lse - x.gather(1, labels[:, None]).squeeze(1))).sum()
     pred = x.argmax(-1)  # [n]
+    if not grad:
+        return loss, pred, None
     vocab = torch.arange(x.shape[1], device=x.device)
     g = torch.exp(x - lse[:, None]) - (vocab[None, :] == labels[:, None]).float()  # softmax - onehot
     return loss, pred, (g * row_w[:, None]).to(dtype)
@@ -72,11 +77,10 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         for i in range(0, h.shape[0], chunk):
             hc = h[i : i + chunk]
             logits = hc.to(weight.dtype) @ weight.T  # [n, V]
-            part, pred[i : i + chunk], g = terms(
-                logits, labels[i : i + chunk], row_w[i : i + chunk], weight.dtype
-            )
+            lab, w = labels[i : i + chunk], row_w[i : i + chunk]
+            part, pred[i : i + chunk], g = terms(logits, lab, w, weight.dtype, grad=grad is not None)
             loss += part
-            if grad is not None:
+            if g is not None:
                 grad[i : i + chunk] = (g @ weight).to(h.dtype)
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(pred)
