@@ -80,7 +80,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             lab, w = labels[i : i + chunk], row_w[i : i + chunk]
             part, pred[i : i + chunk], g = terms(logits, lab, w, weight.dtype, grad=grad is not None)
             loss += part
-            if g is not None:
+            if grad is not None and g is not None:
                 grad[i : i + chunk] = (g @ weight).to(h.dtype)
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(pred)
