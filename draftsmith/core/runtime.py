@@ -4,13 +4,12 @@ device syncs, and memory formats that pickle by a name every process can import.
 from __future__ import annotations
 
 import copyreg
-import json
-import logging
 import os
 import sys
-from typing import Any, NoReturn
 
 import torch
+
+from draftsmith.core.logs import exit_now, json_arg, setup_logging  # noqa: F401 (re-exported)
 
 COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 
@@ -29,30 +28,6 @@ def _reduce_memory_format(fmt: torch.memory_format):
 # the H200 each round's training job (`python -m draftsmith.steps.train_round`, a `__main__` without `torch`)
 # could not load the entry and compiled again. Pickled through here, the entry names this module instead.
 copyreg.pickle(torch.memory_format, _reduce_memory_format)
-
-
-def setup_logging(verbose: bool = False) -> None:
-    """One readable log per job: Snakemake redirects stderr into the rule's log file."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def exit_now(code: int) -> NoReturn:
-    """Ends a job whose outputs are complete without Python's teardown: freeing the CUDA context, collecting
-    the model and joining Inductor's worker pool took seconds a job on a GPU, and a run in rounds chains its
-    training jobs one after another. The logs are flushed first; Inductor's workers end themselves when their
-    parent goes."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def json_arg(text: str) -> Any:
-    return json.loads(text) if text else {}
 
 
 def set_threads(threads: int | None) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from draftsmith.core.io import read_json, read_samples, write_json, write_parquet
-from draftsmith.core.runtime import setup_logging
+from draftsmith.core.logs import setup_logging
 from draftsmith.dataset.answers import combined
 
 

@@ -9,7 +9,7 @@ import logging
 import sys
 
 from draftsmith.core.io import write_json, write_text
-from draftsmith.core.runtime import setup_logging
+from draftsmith.core.logs import setup_logging
 from draftsmith.plan.cli import bench_prompts
 from draftsmith.plan.data import read_shards
 from draftsmith.plan.plan import PlanError, make_plan, pin, render, unpin

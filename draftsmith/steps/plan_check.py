@@ -9,7 +9,7 @@ import logging
 
 from draftsmith.core.gpu_pool import copies_sharing_a_gpu
 from draftsmith.core.io import read_json, write_json, write_text
-from draftsmith.core.runtime import setup_logging
+from draftsmith.core.logs import setup_logging
 from draftsmith.plan.measured import benchmark_files, compare, measured_hours, render
 
 

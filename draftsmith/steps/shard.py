@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from draftsmith.core.io import read_samples, write_parquet
-from draftsmith.core.runtime import setup_logging
+from draftsmith.core.logs import setup_logging
 from draftsmith.dataset.shard import shard
 
 
