@@ -68,6 +68,21 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
         time.sleep(0.05)
 
 
+# What the main run made ahead of the rounds, none of which a change to the rounds' own keys (reuse, the answering
+# jobs, the disk budget) makes differently: copied with their times, a test's run starts from them, as a rerun of
+# the main run's folder would, instead of preparing, answering and extracting the held-out states again.
+AHEAD_OF_THE_ROUNDS = ("prepared", "shards", "probe.json", "rates.json", "answers", "rounds/heldout")
+
+
+def copy_ahead_of_the_rounds(res: Path, to: Path, names: tuple[str, ...] = AHEAD_OF_THE_ROUNDS) -> None:
+    for name in names:
+        (to / name).parent.mkdir(parents=True, exist_ok=True)
+        if (res / name).is_dir():
+            shutil.copytree(res / name, to / name)
+        else:
+            shutil.copy2(res / name, to / name)
+
+
 def short_prompts(root: Path) -> dict:
     """The data section of a run on RECORDS short prompts, whose every sample reaches max_length, estimated
     or measured."""
@@ -98,6 +113,7 @@ def rounds_run(tmp_path_factory, tokenizer) -> dict:
             "max_new_tokens": 8,
             "ddtree_budgets": [4],
             "fp32_check_prompts": 0,
+            "parts": 1,
         },
     )
     res, cfg = root / "results", ["--configfile", str(config)]
@@ -228,7 +244,7 @@ def test_reusing_the_last_round_extracts_and_starts_a_round_less_an_epoch_under_
     cfg["extract"]["reuse_last_round"] = True
     (tmp_path / "reuse.yaml").write_text(yaml.safe_dump(cfg))
     args = ["--configfile", str(tmp_path / "reuse.yaml")]
-    shutil.copytree(rounds_run["res"] / "answers/cache", res / "answers/cache")  # no decoding again
+    copy_ahead_of_the_rounds(rounds_run["res"], res)  # no preparing, decoding or held-out extraction again
     dry = snakemake("-n", *args)
     counts = job_counts(dry.stdout)
     assert counts["extract_round"] == 2 * 5 and counts["merge_round"] == 5, counts  # not 6 rounds' worth
@@ -313,6 +329,7 @@ def test_answers_made_in_rounds_are_not_decoded_again_in_one_round(rounds_run, t
     cfg["extract"]["disk_budget"] = "1TB"
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(cfg))
     shutil.copytree(rounds_run["res"] / "answers/cache", res / "answers/cache")
+    copy_ahead_of_the_rounds(rounds_run["res"], res, ("prepared", "shards", "probe.json"))
     assert "extract_round" not in job_counts(snakemake("-n", "--configfile", str(tmp_path / "one.yaml")).stdout)
     snakemake("--configfile", str(tmp_path / "one.yaml"), "--until", "extract")
     for shard in ("shard000", "shard001"):
@@ -333,6 +350,7 @@ def test_several_jobs_answer_a_shard_and_join_its_answers_in_order(rounds_run, t
     cfg["data"]["regenerate"]["jobs_per_shard"] = 2
     (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(cfg))
     args = ["--configfile", str(tmp_path / "jobs.yaml")]
+    copy_ahead_of_the_rounds(rounds_run["res"], res, ("prepared", "shards", "probe.json"))  # not the answers
     counts = job_counts(snakemake("-n", *args).stdout)
     assert counts["regenerate"] == 4 and counts["join_answers"] == 2, counts
     snakemake(*args, "--until", "join_answers")
