@@ -27,6 +27,36 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(2)
 
 
+# pytest-xdist gives each worker whole files, in the order collected (`make test`: --dist loadfile
+# --no-loadscope-reorder): these, the longest, go out first, longest first, so that none of them starts last
+# while the other worker runs out of files. Every other file keeps its collected place after them.
+SLOWEST_FIRST = [
+    "workflow/test_rounds.py",
+    "workflow/test_workflow.py",
+    "workflow/test_faults.py",
+    "workflow/test_real_model.py",
+    "workflow/test_slurm.py",
+    "workflow/test_study.py",
+    "unit/test_regenerate.py",
+    "workflow/test_plan_settle.py",
+    "unit/test_train.py",
+    "unit/test_convert.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    here = Path(__file__).resolve().parent
+
+    def place(item) -> int:
+        path = Path(item.path)
+        return (
+            rank.get(path.relative_to(here).as_posix(), len(rank)) if path.is_relative_to(here) else len(rank)
+        )
+
+    items.sort(key=place)  # stable: a file's own tests keep their order
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
 
