@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from snakemake_fork import dry_run
 
 from draftsmith.demo.data import read_text, split_files
 from draftsmith.demo.target import train_tokenizer
@@ -213,13 +214,13 @@ def snakemake(
     """The Snakemake CLI in the repository (its workflow profile included), as a user runs it; Snakemake's
     lock only where a test is about it (`lock=True`)."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", str(cores), *([] if lock else [NOLOCK]), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    argv = ["--cores", str(cores), *([] if lock else [NOLOCK]), *args]
+    if "-n" in args:  # the same CLI, forked from a process that has imported Snakemake (snakemake_fork.py)
+        proc = dry_run(argv, env, REPO)
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-m", "snakemake", *argv], cwd=REPO, env=env, capture_output=True, text=True
+        )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
