@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 from draftsmith.drafter.batches import Batch
 
-EAGER_LOSS_ENV = "DRAFTSMITH_EAGER_LOSS"  # "1": the loss's chunk terms run eagerly on a GPU too
+FUSED_LOSS_ENV = (
+    "DRAFTSMITH_FUSED_LOSS"  # "1": the loss's chunk terms compiled on a GPU (not yet timed there)
+)
 
 
 def auto_gamma(block_size: int) -> float:
@@ -50,10 +52,11 @@ _fused_terms = None  # chunk_terms compiled, built at the first GPU step
 
 
 def terms_for(device: torch.device):
-    """chunk_terms as the device runs it best: compiled on a GPU (set DRAFTSMITH_EAGER_LOSS=1 for eager),
-    eager on the CPU, where Inductor would need a C++ compiler and the tests' chunks are small."""
+    """chunk_terms eagerly, or compiled on a GPU with DRAFTSMITH_FUSED_LOSS=1. Opt-in until a GPU has timed it
+    against eager (`python -m draftsmith.perf.bench_train` with and without it, docs/drafter.md). Never on the
+    CPU, where Inductor would need a C++ compiler and the tests' chunks are small."""
     global _fused_terms
-    if device.type != "cuda" or os.environ.get(EAGER_LOSS_ENV) == "1":
+    if device.type != "cuda" or os.environ.get(FUSED_LOSS_ENV) != "1":
         return chunk_terms
     if _fused_terms is None:
         _fused_terms = torch.compile(chunk_terms, dynamic=True)

@@ -362,7 +362,7 @@ def test_tile_block_mask_leaves_what_it_cannot_read_to_create_block_mask():
 def test_the_compiled_loss_terms_equal_the_eager_ones(monkeypatch):
     """The GPU's fused loss (Inductor's kernels) against the same function run eagerly, at a chunk size and a
     smaller last chunk (dynamic rows): the same loss, gradient and argmax up to bf16's rounding."""
-    from draftsmith.drafter.loss import EAGER_LOSS_ENV, ChunkedCrossEntropy
+    from draftsmith.drafter.loss import FUSED_LOSS_ENV, ChunkedCrossEntropy
 
     torch.manual_seed(0)
     dev, rows, hidden, vocab = torch.device("cuda"), 1000, 64, 5003
@@ -371,14 +371,14 @@ def test_the_compiled_loss_terms_equal_the_eager_ones(monkeypatch):
     labels = torch.randint(0, vocab, (rows,), device=dev)
     w = torch.rand(rows, device=dev)
     out = {}
-    for eager in ("1", "0"):
-        monkeypatch.setenv(EAGER_LOSS_ENV, eager)
+    for fused in ("0", "1"):
+        monkeypatch.setenv(FUSED_LOSS_ENV, fused)
         h.grad = None
         loss, pred = ChunkedCrossEntropy.apply(h, head, labels, w, 384)  # chunks of 384, 384 and 232 rows
         loss.backward()
-        out[eager] = loss.detach(), pred, h.grad.clone()
-    torch.testing.assert_close(out["0"][0], out["1"][0], rtol=1e-4, atol=1e-3)
-    torch.testing.assert_close(out["0"][2], out["1"][2], rtol=2e-2, atol=1e-3)
+        out[fused] = loss.detach(), pred, h.grad.clone()
+    torch.testing.assert_close(out["1"][0], out["0"][0], rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(out["1"][2], out["0"][2], rtol=2e-2, atol=1e-3)
     logits = (h.detach() @ head.T).float()
-    for eager in ("1", "0"):  # bf16 logits tie: any maximal index is an argmax
-        assert torch.equal(logits.gather(1, out[eager][1][:, None]).squeeze(1), logits.max(-1).values)
+    for fused in ("0", "1"):  # bf16 logits tie: any maximal index is an argmax
+        assert torch.equal(logits.gather(1, out[fused][1][:, None]).squeeze(1), logits.max(-1).values)
