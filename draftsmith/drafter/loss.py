@@ -43,9 +43,8 @@ def chunk_terms(
     pred = x.argmax(-1)  # [n]
     if not grad:
         return loss, pred, None
-    g = torch.softmax(
-        x, dim=-1
-    )  # [n, V]: eagerly the arithmetic and memory of the loss before it was one function
+    # eagerly, the arithmetic and memory of the loss before it was one function
+    g = torch.softmax(x, dim=-1)  # [n, V]
     g[torch.arange(labels.shape[0], device=x.device), labels] -= 1.0
     return loss, pred, (g * row_w[:, None]).to(dtype)
 
