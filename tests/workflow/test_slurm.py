@@ -188,31 +188,32 @@ def _stop(pidfile: Path, wait: float = 20) -> None:
         pass  # gone (ProcessLookupError) or never written
 
 
-def snakemake(*args, env):
-    env = dict(env, PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", NOLOCK, *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, f"snakemake {args} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    return proc
-
-
 def snakemake_in_background(*args, env) -> subprocess.Popen:
-    """`snakemake` as above, started in the background: `communicate()` gives its output."""
+    """`snakemake` in the repository with this interpreter first on PATH, started in the background."""
     env = dict(env, PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
     return subprocess.Popen(
         [sys.executable, "-m", "snakemake", NOLOCK, *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def finished(proc: subprocess.Popen, args) -> subprocess.CompletedProcess:
+    """A background `snakemake`, waited for (at most 15 minutes) and required to succeed."""
+    try:
+        out, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, f"snakemake {args} failed:\n{out[-4000:]}\n{err[-6000:]}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def snakemake(*args, env) -> subprocess.CompletedProcess:
+    return finished(snakemake_in_background(*args, env=env), args)
 
 
 def test_profile_runs_the_workflow_on_slurm(slurm, tmp_path, tokenizer):
@@ -261,15 +262,23 @@ def test_profile_runs_the_workflow_on_slurm(slurm, tmp_path, tokenizer):
     # the local run goes on beside the SLURM one, which spends most of its time waiting for its next status
     # check: each writes its own results folder
     start = time.monotonic()
-    local = snakemake_in_background("--cores", "2", "dataset", "--configfile", str(configs["local"]), env=slurm)
+    local_args = ("--cores", "2", "dataset", "--configfile", str(configs["local"]))
+    local = snakemake_in_background(*local_args, env=slurm)
     try:
         run = snakemake(
-            "--profile", str(tmp_path / "profile"), "dataset", "--configfile", str(configs["slurm"]), env=slurm
+            "--profile",
+            str(tmp_path / "profile"),
+            "dataset",
+            "--configfile",
+            str(configs["slurm"]),
+            env=slurm,
         )
         elapsed = time.monotonic() - start
-    finally:
-        local_out = local.communicate(timeout=900)[0]
-    assert local.returncode == 0, f"the local run failed:\n{local_out[-4000:]}"
+    except BaseException:  # the SLURM run's failure is the one to see
+        local.kill()
+        local.communicate()
+        raise
+    finished(local, local_args)  # the local run succeeded too
     log = run.stdout + run.stderr
     assert "SLURM run ID" in log
 
