@@ -348,6 +348,7 @@ def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
     """Every problem found without loading weights: at parse time for targets whose files are here (local, or
     cached from the hub); the probe and mask_check jobs repeat the target checks for the others. `notes`
     collects the choices made (the mask token)."""
+    from draftsmith.drafter.start import start_problems
     from draftsmith.target.files import text_config
 
     notes = [] if notes is None else notes
@@ -356,8 +357,10 @@ def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
     problems += data_problems(config) + bench_problems(config) + thinking_problems(config)
     target_dir = None if problems else parse_time_target(config["target"])
     if target_dir is None:
-        return problems or expect_problems(config)
-    problems += target_problems(config, text_config(target_dir)) + template_problems(config, target_dir)
+        return problems + start_problems(config) or expect_problems(config)
+    text_cfg = text_config(target_dir)
+    problems += target_problems(config, text_cfg) + template_problems(config, target_dir)
+    problems += start_problems(config, text_cfg)
     return problems or mask_problems(config, target_dir, notes)
 
 

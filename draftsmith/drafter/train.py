@@ -43,6 +43,7 @@ from draftsmith.drafter.evaluate import evaluate, plot_curves
 from draftsmith.drafter.loss import auto_gamma, block_loss, position_weights
 from draftsmith.drafter.metrics import log_step, metrics_columns, reopen_metrics
 from draftsmith.drafter.model import Drafter, build_masks, uses_flex
+from draftsmith.drafter.start import start_from
 from draftsmith.drafter.zlab import save_zlab
 from draftsmith.plan.sizes import CHECKPOINT_BYTES_PER_PARAM, CHECKPOINTS_KEPT, EXPORT_BYTES_PER_PARAM
 from draftsmith.target.files import load_target_head
@@ -280,9 +281,12 @@ def frozen_head(
 def _seeded_model(
     cfg: DrafterConfig, tcfg: dict, *, device: torch.device
 ) -> tuple[Drafter, torch.optim.Optimizer]:
-    """The drafter and its optimiser; seeded right before, so the initial weights depend on the seed alone."""
+    """The drafter and its optimiser; seeded right before, so the initial weights depend on the seed alone
+    (or on `train.init_from`'s drafter)."""
     torch.manual_seed(tcfg["seed"])
     model = Drafter(cfg).to(device)
+    if tcfg.get("init_from"):
+        start_from(model, tcfg["init_from"])
     opt = torch.optim.AdamW(
         model.parameters(),
         lr=tcfg["lr"],

@@ -26,6 +26,7 @@ def config(
         "data": with_defaults("data", {"path": str(data), "regenerate": {"enabled": regenerate}}),
         "taps": with_defaults("taps"),
         "drafter": with_defaults("drafter"),
+        "train": with_defaults("train"),
         "bench": with_defaults("bench", {"datasets": [{"name": "b", "path": str(bench)}]}),
     }
 
@@ -167,3 +168,43 @@ def test_records_of_another_shape_are_pointed_at_data_templates_and_a_bad_templa
         assert len(problems) == 1 and problems[0].startswith("data.templates[1]: ") and says in problems[0], (
             problems
         )
+
+
+def test_a_start_drafter_of_another_shape_or_inside_the_results_stops_at_parse_time(
+    tmp_path, attention_target
+):
+    """train.init_from, before any extraction: a folder that is not a drafter, one that this run's training
+    would replace, and one whose depth, block or taps are not this config's."""
+    cfg = config(tmp_path, [{"prompt": "p", "response": "r"}], regenerate=False)
+    cfg["target"]["model"] = str(attention_target)
+    text = json.loads((attention_target / "config.json").read_text())
+    layers = text["num_hidden_layers"]
+    start = tmp_path / "start"
+    start.mkdir()
+    cfg["train"]["init_from"] = str(start)
+    assert any(p.startswith(f"train.init_from: {start} has no config.json and no model.safetensors")
+               for p in preflight(cfg)), preflight(cfg)  # fmt: skip
+    theirs = {
+        "num_hidden_layers": cfg["drafter"]["num_layers"] + 1,
+        "block_size": cfg["drafter"]["block_size"],
+        "hidden_size": text["hidden_size"],
+        "num_target_layers": layers,
+        "dflash_config": {"target_layer_ids": [0, 1]},
+    }
+    (start / "config.json").write_text(json.dumps(theirs))
+    (start / "model.safetensors").write_bytes(b"")
+    problems = [p for p in preflight(cfg) if p.startswith("train.init_from")]
+    assert len(problems) == 2, problems
+    assert (
+        f"drafter.num_layers is {cfg['drafter']['num_layers']} here, and {theirs['num_hidden_layers']}"
+        in problems[0]
+    )
+    assert problems[1].startswith("train.init_from: taps is [") and "and [0, 1] in" in problems[1]
+    inside = Path(cfg["results"]) / "drafter"
+    inside.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (inside / name).write_bytes((start / name).read_bytes())
+    cfg["train"]["init_from"] = str(inside)
+    assert any("lies in what this run's training replaces" in p for p in preflight(cfg)), preflight(cfg)
+    cfg["train"]["init_from"] = str(start)  # beside the results' own outputs: the run's inputs, say
+    assert not any("replaces" in p for p in preflight(cfg))

@@ -19,7 +19,7 @@ from draftsmith.dataset.merge import MergedDataset
 from draftsmith.dataset.shards import ShardReader, ShardWriter, quantize_fp8
 from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, sample_cost
 from draftsmith.drafter.config import DrafterConfig
-from draftsmith.drafter.train import train
+from draftsmith.drafter.train import _set_up, train
 from draftsmith.drafter.zlab import load_drafter
 from draftsmith.target.taps import forward_taps
 
@@ -212,6 +212,29 @@ def test_killed_run_resumes_into_the_same_run(toy, tmp_path):
     wb = load_drafter(tmp_path / "killed" / "final").state_dict()
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_from_an_earlier_drafter_starts_at_its_weights(toy, tmp_path):
+    """train.init_from: the drafter is built with the earlier one's weights to the bit, so the new run's first
+    loss is the earlier run's trained loss, not a random start's; a drafter of another shape stops before the
+    first step, naming each field that differs."""
+    first = {**TRAIN, "epochs": 1}
+    a = train(toy["manifest"], toy["target"], tmp_path / "a", DRAFTER, first)
+    start = tmp_path / "a" / "final"
+    again = {**first, "init_from": str(start)}
+    run = _set_up(
+        toy["manifest"], toy["target"], drafter_section=DRAFTER, tcfg=again, preset_mask_token_id=None
+    )
+    for k, v in load_drafter(start).state_dict().items():
+        assert torch.equal(run.model.state_dict()[k], v), k
+    b = train(toy["manifest"], toy["target"], tmp_path / "b", DRAFTER, again)
+    a_losses = [float(r["loss"]) for r in read_metrics(tmp_path / "a" / "metrics.csv")]
+    assert b["first_loss"] < 0.8 * a["first_loss"], (a["first_loss"], b["first_loss"])
+    assert b["first_loss"] < max(a_losses[-3:]) * 1.5, (a_losses[-3:], b["first_loss"])
+    other = {**DRAFTER, "block_size": 8}
+    with pytest.raises(SystemExit, match=r"train\.init_from: .*shape \(block_size 8 here, 4 there"):
+        train(toy["manifest"], toy["target"], tmp_path / "c", other, again)
+    assert not (tmp_path / "c" / "metrics.csv").exists()
 
 
 def test_cli_train_then_export(toy, tmp_path):

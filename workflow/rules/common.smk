@@ -11,6 +11,7 @@ from snakemake.utils import validate
 from draftsmith.config import BENCH_REFERENCE_KEYS, data_sources, is_url
 from draftsmith.preflight import preflight, problems_message
 from draftsmith.dataset.fetch import fetched_name
+from draftsmith.drafter.start import start_files
 from draftsmith.core.gpu_memory import ENV as GPU_MEMORY_ENV, cap_setting
 from draftsmith.dataset.answers import ENV as ANSWER_CHECKS_ENV
 from draftsmith.core.gpu_pool import copies_sharing_a_gpu, gpu_names, visible_gpus
@@ -228,6 +229,12 @@ def cpu_threads():
     )
 
 
+def get_init_from(wildcards):
+    """The drafter a training starts from (`train.init_from`), so that new weights there train again."""
+    files = start_files(config["train"]["init_from"])
+    return {"init_from": files} if files else {}
+
+
 def train_gpus():
     """DDP over train.gpus devices, or the CPU when there are none."""
     return min(int(config["train"]["gpus"]), NODE_GPUS)
@@ -255,6 +262,8 @@ def preflight_json():
         "target": config["target"],
         "taps": config["taps"],
     }  # the drafter's keys: mask_check
+    if config["train"]["init_from"]:  # only then: other runs' probes keep their parameters
+        keys.update(results=RESULTS, drafter=config["drafter"], train=config["train"])
     return shlex.quote(json.dumps(keys, sort_keys=True))
 
 
@@ -606,6 +615,8 @@ def round_input(epoch, pos, n=None):
     prev = position_before(epoch, pos, 1)
     if prev is not None:
         out["state"] = position_path(*prev, "state.pt", n)
+    else:  # the first position starts from the seeded weights, or from train.init_from's
+        out.update(get_init_from(None))
     return out
 
 

@@ -4,6 +4,7 @@ if ROUNDS == 1:
     rule train:
         input:
             unpack(target_input),
+            unpack(get_init_from),
             dataset=rules.merge.output.manifest,
             shards=rules.merge.input.shards,
             # a plain edge (extraction's is ancient): a new mask token retrains
