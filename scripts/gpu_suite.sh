@@ -110,11 +110,12 @@ for phase in "$@"; do
         python3 -c "import fla; print('fla', fla.__version__)" 2>/dev/null || echo "fla: absent (only hybrid targets need it; the study's wheels leave it out)"
         ;;
     stage_a)  # the study's calls before study_start: what each carried under .stage/ (a: the GGUF's first part;
-        # i: the prompt files when they did not fit beside .stage/b; c: an earlier session's answer cache), kept in
+        # i: the prompt files when they did not fit beside .stage/b; c: an earlier session's answer cache; d: a
+        # drafter a training starts from, train.init_from), kept in
         # /tmp/stage while the machine stays warm
         mkdir -p /tmp/stage
         [ -f .stage/a/gguf.part ] && cp .stage/a/gguf.part /tmp/stage/a.part
-        for d in i c; do [ -d .stage/$d ] && cp .stage/$d/* /tmp/stage/; done
+        for d in i c d; do [ -d .stage/$d ] && cp -r .stage/$d/* /tmp/stage/; done
         ls -l /tmp/stage
         ;;
     study_start)  # issue 20: configs/study-smollm2.yaml on one GPU shared by six jobs. The GGUF comes in two
