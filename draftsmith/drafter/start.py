@@ -35,9 +35,11 @@ def start_files(path: str | None) -> list[str]:
     return [str(Path(path) / name) for name in FILES] if path else []
 
 
-def start_problems(config: dict, text_cfg: dict | None = None) -> list[str]:
+def start_problems(
+    config: dict, text_cfg: dict | None = None, *, mask_token_id: int | None = None
+) -> list[str]:
     """What is wrong with `train.init_from`, by what the config says and, where the target's config.json is
-    here (`text_cfg`), by the target's depth, width and taps."""
+    here (`text_cfg`), by the target's depth, width and taps, and by the settled mask token where known."""
     path = config["train"].get("init_from")
     if not path:
         return []
@@ -75,6 +77,8 @@ def start_problems(config: dict, text_cfg: dict | None = None) -> list[str]:
             pairs.append(("taps", resolve_taps(layers, config["taps"]), dflash.get("target_layer_ids")))
         except ValueError:  # taps that fit no drafter: preflight's taps check names them
             pass
+    if mask_token_id is not None:
+        pairs.append(("the drafter's mask token", mask_token_id, dflash.get("mask_token_id")))
     return [
         f"{KEY}: {key} is {ours} here, and {theirs_value} in {path}: start from a drafter of this shape, or "
         "null for a random start"

@@ -11,7 +11,6 @@ from draftsmith.config import resolve_taps, section_arg, with_defaults
 from draftsmith.core.gpu_memory import memory_cap
 from draftsmith.core.io import disk_write_rate, write_json
 from draftsmith.core.runtime import json_arg, setup_logging
-from draftsmith.drafter.start import start_problems
 from draftsmith.preflight import problems_message, target_problems
 from draftsmith.target.files import resolve_target, text_config
 from draftsmith.target.placement import activation_bytes_per_token, decide, gpu_info, target_bytes
@@ -34,9 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     except FileNotFoundError as e:
         raise SystemExit(f"probe: {e}") from None
     # the drafter's keys are checked by mask_check; here they stand at their defaults
-    checked = {"drafter": with_defaults("drafter"), "train": {}, **json_arg(args.preflight_json or "")}
-    problems = target_problems(checked, cfg) + start_problems(checked, cfg) if args.preflight_json else []
-    if problems:
+    checked = {"drafter": with_defaults("drafter"), **json_arg(args.preflight_json or "")}
+    if args.preflight_json and (problems := target_problems(checked, cfg)):
         raise SystemExit(problems_message(problems))
     taps = resolve_taps(cfg["num_hidden_layers"], taps_cfg)
     gpus = gpu_info()

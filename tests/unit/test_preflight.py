@@ -200,6 +200,13 @@ def test_a_start_drafter_of_another_shape_or_inside_the_results_stops_at_parse_t
         in problems[0]
     )
     assert problems[1].startswith("train.init_from: taps is [") and "and [0, 1] in" in problems[1]
+    from draftsmith.drafter.start import start_problems  # what mask_check adds, the mask token settled
+
+    theirs["dflash_config"]["mask_token_id"] = 3
+    (start / "config.json").write_text(json.dumps(theirs))
+    assert start_problems(cfg, text, mask_token_id=4)[-1].startswith(
+        "train.init_from: the drafter's mask token is 4 here, and 3 in"
+    )
     inside = Path(cfg["results"]) / "drafter"
     inside.mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):

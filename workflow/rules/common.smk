@@ -230,9 +230,14 @@ def cpu_threads():
 
 
 def get_init_from(wildcards):
-    """The drafter a training starts from (`train.init_from`), so that new weights there train again."""
+    """The drafter a training starts from (`train.init_from`), so that new weights there train again, and its
+    check against the target (start_check)."""
     files = start_files(config["train"]["init_from"])
-    return {"init_from": files} if files else {}
+    return (
+        {"init_from": files, "start_check": rules.start_check.output.json}
+        if files
+        else {}
+    )
 
 
 def train_gpus():
@@ -262,8 +267,13 @@ def preflight_json():
         "target": config["target"],
         "taps": config["taps"],
     }  # the drafter's keys: mask_check
-    if config["train"]["init_from"]:  # only then: other runs' probes keep their parameters
-        keys.update(results=RESULTS, drafter=config["drafter"], train=config["train"])
+    return shlex.quote(json.dumps(keys, sort_keys=True))
+
+
+def start_json():
+    """What start_check compares `train.init_from`'s drafter with (its rule exists only when that is set)."""
+    keys = {k: config[k] for k in ("results", "drafter", "taps")}
+    keys["train"] = {"init_from": config["train"]["init_from"]}
     return shlex.quote(json.dumps(keys, sort_keys=True))
 
 

@@ -1,3 +1,26 @@
+# The drafter a training starts from (train.init_from) against the target, which a job may make: before the data
+# jobs, so that a drafter of another shape stops the run before its extraction.
+if config["train"]["init_from"]:
+
+    rule start_check:
+        input:
+            unpack(target_input),
+            token=rules.mask_check.output.token,
+        output:
+            json=f"{RESULTS}/prepared/start_check.json",
+        log:
+            f"{RESULTS}/logs/start_check.log",
+        priority: 100
+        conda:
+            "../../envs/draftsmith.yaml"
+        params:
+            target=target_path(),
+            start=start_json(),
+        shell:
+            "python -m draftsmith.steps.start_check --target {params.target} --token {input.token}"
+            " --start-json {params.start} --out {output.json} > {log} 2>&1"
+
+
 # With rounds (extract.disk_budget), workflow/rules/rounds.smk defines `train` instead.
 if ROUNDS == 1:
 
