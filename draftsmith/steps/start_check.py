@@ -1,9 +1,9 @@
 """Check `train.init_from`'s drafter against the target and the settled mask token, before any extraction.
 
-A job of its own, present only when `train.init_from` is set: the parse checks what the config and a target on
-this machine say, and this job repeats it for targets a job makes (the demo, a converted GGUF, a hub target not
-cached), where the target's depth, width and taps are known only once that job ran. Its priority starts it
-before the data jobs; training reads its output, so a drafter of another shape never reaches a training step.
+A job of its own, present only when `train.init_from` is set: the parse checks what the config and a target
+on this machine say, and this job repeats it for targets a job makes (the demo, a converted GGUF, a hub target
+not cached), where the target's depth, width and taps are known only once that job ran. Its priority starts
+it before the data jobs; training reads its output, so a drafter of another shape never reaches a step.
 """
 
 from __future__ import annotations
