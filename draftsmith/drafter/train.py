@@ -1,7 +1,8 @@
 """Training a DFlash drafter on stored target hidden states.
 
 Read top to bottom: anchors -> packed batch -> chunked loss -> one training step -> data plan -> the loop
-(checkpoints, metrics, DDP) -> held-out evaluation -> throughput benchmark.
+(checkpoints, metrics, DDP) -> held-out evaluation -> throughput benchmark. Checkpoints are kept per run key
+(drafter/checkpoints.py): a killed run resumes, a run of other settings or data starts afresh.
 
 Every sequence contributes up to `anchors_per_seq` blocks, all in one forward/backward: the block-sparse mask
 (drafter.mask_mod_for) lets each block see its sequence's context strictly before its anchor and nothing of
@@ -15,6 +16,7 @@ import csv
 import json
 import math
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +29,7 @@ import torch
 
 from draftsmith.core.distributed import launch, setup_device, wrap_ddp
 from draftsmith.core.gpu_memory import job_memory
-from draftsmith.core.io import atomic, write_json
+from draftsmith.core.io import write_json
 from draftsmith.core.runtime import resolve_dtype
 from draftsmith.dataset.merge import MergedDataset
 from draftsmith.drafter.batches import (
@@ -37,6 +39,14 @@ from draftsmith.drafter.batches import (
     plan_epoch,
     split_indices,
     subset_indices,
+)
+from draftsmith.drafter.checkpoints import (
+    CHECKPOINTS,
+    checkpoint_bytes,
+    drop_other_runs,
+    resume,
+    run_key,
+    save_checkpoint,
 )
 from draftsmith.drafter.config import DrafterConfig, config_from_target
 from draftsmith.drafter.evaluate import evaluate, plot_curves
@@ -81,19 +91,13 @@ def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
     return lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    found = sorted(ckpt_dir.glob("step_*.pt"))
-    return found[-1] if found else None
-
-
 def check_disk(out: Path, model: Drafter, *, checkpoints: bool) -> None:
     """Stops before the first step when the results disk cannot hold what training writes: checkpoints of a
     27B target's drafter are 23 GB each, and a full disk would end the job only after its steps were spent."""
     params = sum(p.numel() for p in model.parameters())
     per_param = EXPORT_BYTES_PER_PARAM + (CHECKPOINT_BYTES_PER_PARAM * CHECKPOINTS_KEPT if checkpoints else 0)
     need = params * per_param
-    existing = out / "checkpoints"
-    have = shutil.disk_usage(out).free + sum(f.stat().st_size for f in existing.glob("step_*.pt"))
+    have = shutil.disk_usage(out).free + checkpoint_bytes(out)  # the run's own are replaced as it goes
     if need > have:
         raise SystemExit(
             f"train: {out} has {have / 1e9:.1f} GB free, and training a drafter of {params / 1e9:.2f}B "
@@ -102,23 +106,6 @@ def check_disk(out: Path, model: Drafter, *, checkpoints: bool) -> None:
             "point `results` at a larger disk, or set train.checkpoint_every: 0 in the config (no "
             "checkpoints, no resume)."
         )
-
-
-def _save_checkpoint(
-    ckpt_dir: Path, step: int, model: Drafter, opt: torch.optim.Optimizer, keep: int = CHECKPOINTS_KEPT
-) -> None:
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    path = ckpt_dir / f"step_{step:08d}.pt"
-    with atomic(path) as tmp:
-        state = {
-            "step": step,
-            "model": model.state_dict(),
-            "opt": opt.state_dict(),
-            "cfg": model.cfg.to_json(),
-        }
-        torch.save(state, tmp)
-    for old in sorted(ckpt_dir.glob("step_*.pt"))[:-keep]:
-        old.unlink()
 
 
 @dataclass
@@ -159,7 +146,6 @@ def train(
     `stop_after` ends the process-equivalent early after that step (tests use it to simulate a kill).
     """
     out = Path(out_dir)
-    ckpt_dir = out / "checkpoints"
     run = _set_up(
         dataset,
         Path(target_dir),
@@ -167,7 +153,13 @@ def train(
         tcfg=train_section,
         preset_mask_token_id=preset_mask_token_id,
     )
-    step = start = _resume(ckpt_dir, run)
+    key = run_key(dataset, run.tcfg, run.cfg)
+    ckpt_dir = out / CHECKPOINTS / key
+    if run.rank == 0:
+        drop_other_runs(out, key)
+    step = start = resume(ckpt_dir, run.model, run.opt, device=run.device)
+    if start and run.rank == 0:
+        print(f"train: resuming at step {start} of {run.total} from {ckpt_dir}", file=sys.stderr)
     every = int(run.tcfg["checkpoint_every"])  # 0: no checkpoints
     ddp = wrap_ddp(run.model, run.device) if run.world > 1 else run.model
     metrics = None
@@ -312,18 +304,6 @@ def _schedule(
     return steps_per_epoch, total, warmup
 
 
-def _resume(ckpt_dir: Path, run: TrainingRun) -> int:
-    """Loads the latest checkpoint into the model and optimiser (before DDP wraps the model); returns its
-    step."""
-    last = _latest_checkpoint(ckpt_dir)
-    if last is None:
-        return 0
-    state = torch.load(last, map_location=run.device, weights_only=True)
-    run.model.load_state_dict(state["model"])
-    run.opt.load_state_dict(state["opt"])
-    return int(state["step"])
-
-
 class StepPlans(Protocol):
     """Gives each step's batch in host memory, asked for in step order."""
 
@@ -423,7 +403,7 @@ def _checkpoint(ckpt_dir: Path, run: TrainingRun, *, step: int) -> None:
     """Rank 0 saves; the others wait for it, so that no rank runs ahead of the checkpoint a resume starts
     from."""
     if run.rank == 0:
-        _save_checkpoint(ckpt_dir, step, run.model, run.opt)
+        save_checkpoint(ckpt_dir, step, run.model, run.opt)
     if run.world > 1:
         torch.distributed.barrier()
 
@@ -455,11 +435,6 @@ def _finish(
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return summary
-
-
-def clear_run(out_dir: str | Path) -> None:
-    """Removes a previous run's checkpoints (a fresh start instead of a resume)."""
-    shutil.rmtree(Path(out_dir) / "checkpoints", ignore_errors=True)
 
 
 def _summarise(out: Path, run: TrainingRun) -> dict:

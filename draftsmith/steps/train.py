@@ -1,4 +1,5 @@
-"""Train a DFlash drafter on a merged hidden-state dataset (resumes from the last checkpoint in --out)."""
+"""Train a DFlash drafter on a merged hidden-state dataset (a killed run resumes from its last checkpoint in
+--out; a run of other settings or data starts afresh)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ resumes into the same run, and the CLIs produce a loadable z-lab drafter."""
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from draftsmith.core.io import write_json
 from draftsmith.dataset.merge import MergedDataset
 from draftsmith.dataset.shards import ShardReader, ShardWriter, quantize_fp8
 from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, sample_cost
+from draftsmith.drafter.checkpoints import run_key
 from draftsmith.drafter.config import DrafterConfig
 from draftsmith.drafter.train import _set_up, train
 from draftsmith.drafter.zlab import load_drafter
@@ -214,6 +216,85 @@ def test_killed_run_resumes_into_the_same_run(toy, tmp_path):
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
 
 
+def test_a_rerun_with_other_settings_starts_afresh_and_the_same_settings_resume(toy, tmp_path, capsys):
+    """Snakemake removes the train rule's outputs before a rerun, not checkpoints/: a rerun after a change
+    resumed the old run's last checkpoint, and with as many steps trained none (the report then failed on the
+    summary's first_loss None). Checkpoints are kept per run key: a change starts afresh and leaves only its
+    own key's checkpoints; the same settings again resume the finished run and train nothing more."""
+    cfg = {**TRAIN, "epochs": 1, "max_steps": 6}  # checkpoints at 3 and 6
+    run = tmp_path / "run"
+
+    def rerun(tcfg: dict) -> dict:  # as Snakemake reruns the rule: its outputs deleted first
+        for name in ("metrics.csv", "summary.json", "curves.png"):
+            (run / name).unlink()
+        shutil.rmtree(run / "final")
+        return train(toy["manifest"], toy["target"], run, DRAFTER, tcfg)
+
+    first = train(toy["manifest"], toy["target"], run, DRAFTER, cfg)
+    ckpts = run / "checkpoints"
+    (old_key,) = [p.name for p in ckpts.iterdir()]
+    (ckpts / "step_00000001.pt").write_bytes(b"an unkeyed checkpoint of an earlier version")
+    capsys.readouterr()
+    changed = {**cfg, "lr": 3e-3}
+    again = rerun(changed)
+    assert "removed the checkpoints of another configuration or data" in capsys.readouterr().err
+    fresh = train(toy["manifest"], toy["target"], tmp_path / "fresh", DRAFTER, changed)
+    rows = read_metrics(run / "metrics.csv")
+    assert [int(r["step"]) for r in rows] == list(range(1, fresh["steps"] + 1)) and again["steps"] > 3
+    assert again["first_loss"] == pytest.approx(fresh["first_loss"], rel=1e-6, abs=1e-7)
+    for a, b in zip(read_metrics(tmp_path / "fresh" / "metrics.csv"), rows):
+        assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-6, abs=1e-7), a["step"]
+    assert abs(first["final_loss"] - fresh["final_loss"]) > 1e-4  # the new lr reached the steps
+    (new_key,) = [p.name for p in ckpts.iterdir()]
+    assert new_key != old_key
+    assert max(p.name for p in (ckpts / new_key).iterdir()) == f"step_{again['steps']:08d}.pt"
+
+    done = train(toy["manifest"], toy["target"], run, DRAFTER, changed)
+    assert read_metrics(run / "metrics.csv") == rows  # resumed at the end: no step trained again
+    assert done["steps"] == again["steps"] and done["first_loss"] == again["first_loss"]
+    assert done["heldout_acc"] == again["heldout_acc"]  # the same weights, evaluated again
+    assert [p.name for p in ckpts.iterdir()] == [new_key]
+
+
+def test_the_run_key_follows_what_decides_the_steps(toy, tmp_path):
+    """The key changes with every train setting but checkpoint_every, with the merged manifest's text or its
+    write time (a re-merge of other states may write the same text), and with train.init_from's weights."""
+    cfg = _set_up(
+        toy["manifest"], toy["target"], drafter_section=DRAFTER, tcfg=TRAIN, preset_mask_token_id=None
+    ).cfg
+
+    def key(manifest: Path = toy["manifest"], **changes) -> str:
+        return run_key(manifest, {**TRAIN, **changes}, cfg)
+
+    base = key()
+    assert key(checkpoint_every=7) == base
+    assert len({base, key(lr=3e-3), key(epochs=2), key(gpus=2), key(max_steps=5), key(seed=1)}) == 6
+    other_drafter = _set_up(
+        toy["manifest"],
+        toy["target"],
+        drafter_section={**DRAFTER, "num_layers": 2},
+        tcfg=TRAIN,
+        preset_mask_token_id=None,
+    ).cfg
+    assert run_key(toy["manifest"], TRAIN, other_drafter) != base
+    same_text = tmp_path / "merged" / "manifest.json"
+    same_text.parent.mkdir()
+    same_text.write_text(toy["manifest"].read_text())
+    written = toy["manifest"].stat().st_mtime_ns
+    os.utime(same_text, ns=(written, written))
+    assert key(same_text) == base
+    os.utime(same_text, ns=(written + 1000, written + 1000))
+    assert key(same_text) != base
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "model.safetensors").write_bytes(b"weights")
+    os.utime(start / "model.safetensors", ns=(1, 1))
+    at_start = key(init_from=str(start))
+    assert at_start != base
+    (start / "model.safetensors").write_bytes(b"WEIGHTS")  # the same size, written later
+    assert key(init_from=str(start)) != at_start
+
+
 def test_a_training_from_an_earlier_drafter_starts_at_its_weights(toy, tmp_path):
     """train.init_from: the drafter is built with the earlier one's weights to the bit, so the new run's first
     loss is the earlier run's trained loss, not a random start's; a drafter of another shape stops before the
@@ -320,7 +401,7 @@ def test_sigkill_mid_run_then_rerun_finishes_the_same_run(toy, tmp_path):
     )
     ckpts = tmp_path / "killed" / "checkpoints"
     deadline = time.monotonic() + 120
-    while not (ckpts.exists() and any(p.suffix == ".pt" for p in ckpts.iterdir())):
+    while not any(ckpts.glob("*/step_*.pt")):  # checkpoints/<run key>/
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -397,7 +478,7 @@ def test_no_checkpoints_when_asked_and_a_full_disk_stops_before_the_first_step(t
         toy["manifest"], toy["target"], tmp_path / "none", DRAFTER, {**TRAIN, "checkpoint_every": 0}
     )
     assert summary["steps"] > 0 and (tmp_path / "none" / "final" / "model.safetensors").exists()
-    assert not list((tmp_path / "none").glob("checkpoints/*.pt"))
+    assert not list((tmp_path / "none").rglob("*.pt"))
     import shutil as sh
 
     real = sh.disk_usage
