@@ -3,7 +3,8 @@
 Snakemake deletes the train rule's outputs before a rerun, but not checkpoints/: a job rerun after a change
 (train.lr, more epochs, train.init_from, a re-merge, a drafter setting) would resume the earlier run's last
 checkpoint, and with the same step count train nothing. The key is a hash of what decides the steps, so such a
-job starts afresh, while a killed one (same settings, same data) resumes its own run.
+job starts afresh, while a killed one (same settings, same data) resumes its own run. Each checkpoint keeps
+the run's metrics.csv beside it, which Snakemake deletes with the other outputs before it reruns the job.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from draftsmith.drafter.model import Drafter
 
 CHECKPOINTS = "checkpoints"  # the folder under the training's out dir
+METRICS = "metrics.csv"  # the run's metrics as of its newest checkpoint, beside it
 # train keys no step depends on: a run killed and rerun with another value still resumes
 FREE_TRAIN_KEYS = ("checkpoint_every",)
 START_WEIGHTS = FILES[1]  # model.safetensors of train.init_from's drafter
@@ -77,10 +79,19 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 
 def save_checkpoint(
-    ckpt_dir: Path, step: int, model: Drafter, opt: torch.optim.Optimizer, keep: int = CHECKPOINTS_KEPT
+    ckpt_dir: Path,
+    step: int,
+    model: Drafter,
+    opt: torch.optim.Optimizer,
+    *,
+    metrics: Path,
+    keep: int = CHECKPOINTS_KEPT,
 ) -> None:
-    """Writes step `step`'s weights and optimiser state; keeps the newest `keep`."""
+    """Writes step `step`'s weights and optimiser state; keeps the newest `keep`. The run's `metrics` (rows up
+    to this step) are copied first, so a resume restores them after Snakemake deleted the job's outputs."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    with atomic(ckpt_dir / METRICS) as tmp:
+        shutil.copyfile(metrics, tmp)
     path = ckpt_dir / f"step_{step:08d}.pt"
     with atomic(path) as tmp:
         state = {

@@ -19,11 +19,13 @@ def metrics_columns(block_size: int) -> list[str]:
     ]
 
 
-def reopen_metrics(path: Path, columns: list[str], resume_step: int):
-    """Keeps rows up to the resumed step (a killed run may have logged past its last checkpoint)."""
+def reopen_metrics(path: Path, columns: list[str], resume_step: int, *, kept: Path | None = None):
+    """Keeps rows up to the resumed step (a killed run may have logged past its last checkpoint), read from
+    the copy `kept` with the checkpoints where there is one: Snakemake deletes metrics.csv before a rerun."""
     rows = []
-    if resume_step > 0 and path.exists():
-        with path.open() as f:
+    source = kept if kept is not None and kept.exists() else path
+    if resume_step > 0 and source.exists():
+        with source.open() as f:
             rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
     f = path.open("w", newline="")
     w = csv.DictWriter(f, fieldnames=columns)

@@ -42,6 +42,7 @@ from draftsmith.drafter.batches import (
 )
 from draftsmith.drafter.checkpoints import (
     CHECKPOINTS,
+    METRICS,
     checkpoint_bytes,
     drop_other_runs,
     resume,
@@ -166,7 +167,8 @@ def train(
     if run.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         check_disk(out, run.model, checkpoints=every > 0)
-        metrics = reopen_metrics(out / "metrics.csv", metrics_columns(run.cfg.block_size), step)
+        columns = metrics_columns(run.cfg.block_size)
+        metrics = reopen_metrics(out / METRICS, columns, step, kept=ckpt_dir / METRICS)
     from tqdm import tqdm
 
     bar = tqdm(total=run.total, initial=step, desc="train", disable=run.rank != 0, dynamic_ncols=True)
@@ -188,7 +190,7 @@ def train(
             )
         bar.update(1)
         if every and (step % every == 0 or step == run.total):
-            _checkpoint(ckpt_dir, run, step=step)
+            _checkpoint(ckpt_dir, run, step=step, metrics=out / METRICS)
         if stop_after is not None and step >= stop_after:
             break
     bar.close()
@@ -399,11 +401,11 @@ def _train_step(
     return lr, stats, gnorm
 
 
-def _checkpoint(ckpt_dir: Path, run: TrainingRun, *, step: int) -> None:
+def _checkpoint(ckpt_dir: Path, run: TrainingRun, *, step: int, metrics: Path) -> None:
     """Rank 0 saves; the others wait for it, so that no rank runs ahead of the checkpoint a resume starts
     from."""
     if run.rank == 0:
-        save_checkpoint(ckpt_dir, step, run.model, run.opt)
+        save_checkpoint(ckpt_dir, step, run.model, run.opt, metrics=metrics)
     if run.world > 1:
         torch.distributed.barrier()
 
@@ -430,7 +432,7 @@ def _finish(
             summary["steps"] = step
             summary["world_size"] = run.world
             write_json(out / "summary.json", summary)
-            plot_curves(out / "metrics.csv", out / "curves.png")
+            plot_curves(out / METRICS, out / "curves.png")
     if run.world > 1:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
@@ -438,7 +440,7 @@ def _finish(
 
 
 def _summarise(out: Path, run: TrainingRun) -> dict:
-    with (out / "metrics.csv").open() as f:
+    with (out / METRICS).open() as f:
         rows = list(csv.DictReader(f))
     losses = [float(r["loss"]) for r in rows]
     tail = losses[-max(1, len(losses) // 10) :]

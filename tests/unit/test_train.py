@@ -249,11 +249,20 @@ def test_a_rerun_with_other_settings_starts_afresh_and_the_same_settings_resume(
     assert new_key != old_key
     assert max(p.name for p in (ckpts / new_key).iterdir()) == f"step_{again['steps']:08d}.pt"
 
-    done = train(toy["manifest"], toy["target"], run, DRAFTER, changed)
-    assert read_metrics(run / "metrics.csv") == rows  # resumed at the end: no step trained again
+    done = rerun(changed)
+    assert read_metrics(run / "metrics.csv") == rows  # resumed at the end: no step trained again, rows kept
     assert done["steps"] == again["steps"] and done["first_loss"] == again["first_loss"]
     assert done["heldout_acc"] == again["heldout_acc"]  # the same weights, evaluated again
     assert [p.name for p in ckpts.iterdir()] == [new_key]
+
+    killed = tmp_path / "killed"
+    train(toy["manifest"], toy["target"], killed, DRAFTER, changed, stop_after=5)  # last checkpoint: 3
+    (killed / "metrics.csv").unlink()  # as Snakemake does before it reruns the job
+    train(toy["manifest"], toy["target"], killed, DRAFTER, changed)
+    resumed = read_metrics(killed / "metrics.csv")
+    assert [r["step"] for r in resumed] == [r["step"] for r in rows]
+    for a, b in zip(rows, resumed):
+        assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-6, abs=1e-7), a["step"]
 
 
 def test_the_run_key_follows_what_decides_the_steps(toy, tmp_path):
