@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 import torch
@@ -58,9 +58,6 @@ from draftsmith.drafter.start import start_from
 from draftsmith.drafter.zlab import save_zlab
 from draftsmith.plan.sizes import CHECKPOINT_BYTES_PER_PARAM, CHECKPOINTS_KEPT, EXPORT_BYTES_PER_PARAM
 from draftsmith.target.files import load_target_head
-
-if TYPE_CHECKING:
-    pass
 
 
 def run(

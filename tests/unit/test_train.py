@@ -488,9 +488,8 @@ def test_no_checkpoints_when_asked_and_a_full_disk_stops_before_the_first_step(t
     )
     assert summary["steps"] > 0 and (tmp_path / "none" / "final" / "model.safetensors").exists()
     assert not list((tmp_path / "none").rglob("*.pt"))
-    import shutil as sh
 
-    real = sh.disk_usage
+    real = shutil.disk_usage
     monkeypatch.setattr(
         "draftsmith.drafter.train.shutil.disk_usage", lambda p: real(p)._replace(free=1000)
     )  # the free space a full disk reports; the rest is real
