@@ -38,6 +38,7 @@ def chunk_terms(
     downcast); for a small drafter's large vocabulary those passes can cost more than the head's matmuls.
     """
     x = logits.float()  # [n, V]
+    del logits  # the caller keeps no reference: the head's-dtype logits are freed before the fp32 passes
     lse = torch.logsumexp(x, dim=-1)  # [n]
     loss = (row_w * (lse - x.gather(1, labels[:, None]).squeeze(1))).sum()
     pred = x.argmax(-1)  # [n]
@@ -80,9 +81,11 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         terms = terms_for(h.device)
         for i in range(0, h.shape[0], chunk):
             hc = h[i : i + chunk]
-            logits = hc.to(weight.dtype) @ weight.T  # [n, V]
             lab, w = labels[i : i + chunk], row_w[i : i + chunk]
-            part, pred[i : i + chunk], g = terms(logits, lab, w, weight.dtype, grad=grad is not None)
+            # the logits [n, V] passed without a name here, so that chunk_terms can free them once upcast
+            part, pred[i : i + chunk], g = terms(
+                hc.to(weight.dtype) @ weight.T, lab, w, weight.dtype, grad=grad is not None
+            )
             loss += part
             if grad is not None and g is not None:
                 grad[i : i + chunk] = (g @ weight).to(h.dtype)
