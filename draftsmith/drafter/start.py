@@ -40,7 +40,9 @@ def start_problems(
 ) -> list[str]:
     """What is wrong with `train.init_from`, by what the config says and, where the target's config.json is
     here (`text_cfg`), by the target's depth, width and taps, and by the settled mask token where known."""
-    path = config["train"].get("init_from")
+    path = (config.get("train") or {}).get(
+        "init_from"
+    )  # a partial config (a hand run's) has no train section
     if not path:
         return []
     folder = Path(path)

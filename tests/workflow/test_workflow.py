@@ -246,13 +246,15 @@ OTHER_VALUES = {
                 "sliding_window": 16, "intermediate_size": 32},
     "train": {"epochs": 2, "lr": 1e-3, "warmup_ratio": 0.1, "weight_decay": 0.01, "grad_clip": 0.5,
               "anchors_per_seq": 4, "gamma": 3.0, "token_budget": 512, "seed": 1, "gpus": 2, "checkpoint_every": 7,
-              "dtype": "fp32", "heldout_fraction": 0.1, "max_steps": 3, "max_samples": 10, "steps_as_full": True},
+              "dtype": "fp32", "heldout_fraction": 0.1, "max_steps": 3, "max_samples": 10, "steps_as_full": True,
+              "init_from": "start-drafter"},  # the run's own drafter, copied out of its results
     "bench": {"max_prompts": 2, "parts": 2, "max_new_tokens": 8, "block_size": 3, "ddtree_budgets": [4],
               "temperature": 0.5, "methods": ["ar", "dflash"], "real_loop": False, "thinking": True, "warmup": 0,
               "fp32_check_prompts": 1, "thinking_unlike_data": True},
 }  # fmt: skip
 DOWNSTREAM = {
     "mask_check",
+    "start_check",
     "plan",
     "rates",
     "train",
@@ -277,6 +279,10 @@ def assert_drafter_train_bench_keys_rerun_only_downstream(cfg: dict, tmp_path: P
                 changed["drafter"]["num_layers"] = 1
             if key == "thinking":  # unlike the data's: said to be on purpose, or preflight stops it
                 changed["bench"]["thinking_unlike_data"] = True
+            if key == "init_from":
+                start = tmp_path / value
+                shutil.copytree(Path(cfg["results"]) / "drafter", start, dirs_exist_ok=True)
+                changed["train"]["init_from"] = str(start)
             (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
             out = snakemake("all", "-n", "--configfile", str(tmp_path / "changed.yaml"), env=env).stdout
             planned = set(job_counts(out))
