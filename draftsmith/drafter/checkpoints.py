@@ -87,9 +87,15 @@ def save_checkpoint(
     metrics: Path,
     keep: int = CHECKPOINTS_KEPT,
 ) -> None:
-    """Writes step `step`'s weights and optimiser state; keeps the newest `keep`. The run's `metrics` (rows up
-    to this step) are copied first, so a resume restores them after Snakemake deleted the job's outputs."""
+    """Writes step `step`'s weights and optimiser state; keeps the newest `keep`, the older ones removed
+    before the write, so that the disk never holds more than `keep` (what check_disk and the plan count: a 27B
+    target's drafter takes 23 GB a checkpoint) and a write killed midway leaves the one before. The run's
+    `metrics` (rows up to this step) are copied first, so a resume restores them after Snakemake deleted the
+    job's outputs."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    found = sorted(ckpt_dir.glob("step_*.pt"))
+    for old in found[: max(0, len(found) - (keep - 1))]:
+        old.unlink()
     with atomic(ckpt_dir / METRICS) as tmp:
         shutil.copyfile(metrics, tmp)
     path = ckpt_dir / f"step_{step:08d}.pt"
@@ -101,8 +107,6 @@ def save_checkpoint(
             "cfg": model.cfg.to_json(),
         }
         torch.save(state, tmp)
-    for old in sorted(ckpt_dir.glob("step_*.pt"))[:-keep]:
-        old.unlink()
 
 
 def resume(ckpt_dir: Path, model: Drafter, opt: torch.optim.Optimizer, *, device: torch.device) -> int:

@@ -19,8 +19,9 @@ from draftsmith.core.io import write_json
 from draftsmith.dataset.merge import MergedDataset
 from draftsmith.dataset.shards import ShardReader, ShardWriter, quantize_fp8
 from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, sample_cost
-from draftsmith.drafter.checkpoints import run_key
+from draftsmith.drafter.checkpoints import run_key, save_checkpoint
 from draftsmith.drafter.config import DrafterConfig
+from draftsmith.drafter.model import Drafter
 from draftsmith.drafter.train import _set_up, train
 from draftsmith.drafter.zlab import load_drafter
 from draftsmith.target.taps import forward_taps
@@ -551,3 +552,24 @@ def test_bench_train_loop_runs_the_three_loops_on_the_same_data(tmp_path, capsys
     assert host[0] == pytest.approx(ahead[0], rel=1e-5)  # same batch, same weights: only the decode rounds
     assert host == pytest.approx(ahead, rel=1e-3)  # later steps drift with it, never apart
     assert r["resident"]["losses"][0] == pytest.approx(r["ahead"]["losses"][0], rel=1e-5)
+
+
+def test_checkpoints_never_exceed_the_kept_count_on_disk(tmp_path):
+    """The older checkpoints go before the new one is written: a 27B target's drafter takes 23 GB a
+    checkpoint, and check_disk and the plan count two. A write that fails midway (here: the metrics it copies
+    are gone) leaves the checkpoint before it."""
+    cfg = DrafterConfig(hidden_size=H, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
+                        intermediate_size=64, vocab_size=V, target_layer_ids=TAPS, num_target_layers=4,
+                        mask_token_id=V - 1, block_size=4)  # fmt: skip
+    model = Drafter(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text("step\n")
+    folder = tmp_path / "checkpoints" / "key"
+    for step in (1, 2, 3):
+        save_checkpoint(folder, step, model, opt, metrics=metrics, keep=2)
+        assert len(list(folder.glob("step_*.pt"))) == min(step, 2)
+    metrics.unlink()
+    with pytest.raises(FileNotFoundError):
+        save_checkpoint(folder, 4, model, opt, metrics=metrics, keep=2)
+    assert [p.name for p in folder.glob("step_*.pt")] == ["step_00000003.pt"]
