@@ -346,8 +346,8 @@ def mask_problems(config: dict, target_dir: Path, notes: list[str]) -> list[str]
 
 def preflight(config: dict, notes: list[str] | None = None) -> list[str]:
     """Every problem found without loading weights: at parse time for targets whose files are here (local, or
-    cached from the hub); the probe and mask_check jobs repeat the target checks for the others. `notes`
-    collects the choices made (the mask token)."""
+    cached from the hub); the probe, mask_check and start_check jobs repeat the target checks for the others.
+    `notes` collects the choices made (the mask token)."""
     from draftsmith.drafter.start import start_problems
     from draftsmith.target.files import text_config
 

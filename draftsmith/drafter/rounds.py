@@ -220,7 +220,7 @@ def _round_run(
     me = _position(positions, epoch, position)
     if ds.lengths.tolist() != lengths[me.round].tolist():
         raise SystemExit(f"train_round: {dataset} does not hold round {me.round}'s samples as planned")
-    model, opt = _seeded_model(cfg, tcfg, device=device)
+    model, opt = _seeded_model(cfg, tcfg, device=device, handed_on=bool(previous))
     if previous:
         state = torch.load(previous, map_location=device, weights_only=True)
         if int(state["step"]) != me.first_step:

@@ -40,9 +40,8 @@ def start_problems(
 ) -> list[str]:
     """What is wrong with `train.init_from`, by what the config says and, where the target's config.json is
     here (`text_cfg`), by the target's depth, width and taps, and by the settled mask token where known."""
-    path = (config.get("train") or {}).get(
-        "init_from"
-    )  # a partial config (a hand run's) has no train section
+    # a partial config (a hand run's) has no train section
+    path = (config.get("train") or {}).get("init_from")
     if not path:
         return []
     folder = Path(path)
@@ -106,5 +105,5 @@ def start_from(model: Drafter, path: str | Path) -> None:
     ]
     if differ:
         raise SystemExit(f"{KEY}: {path} is another drafter's shape ({'; '.join(differ)})")
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    model.load_state_dict(load_file(str(folder / FILES[1])))
     print(f"{KEY}: training starts from the weights in {path}", file=sys.stderr)

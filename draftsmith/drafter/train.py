@@ -270,13 +270,14 @@ def frozen_head(
 
 
 def _seeded_model(
-    cfg: DrafterConfig, tcfg: dict, *, device: torch.device
+    cfg: DrafterConfig, tcfg: dict, *, device: torch.device, handed_on: bool = False
 ) -> tuple[Drafter, torch.optim.Optimizer]:
     """The drafter and its optimiser; seeded right before, so the initial weights depend on the seed alone
-    (or on `train.init_from`'s drafter)."""
+    (or on `train.init_from`'s drafter). `handed_on`: the caller loads a state handed on by a round before,
+    so the start's weights (3.8 GB for a 27B target's drafter) are not read only to be replaced."""
     torch.manual_seed(tcfg["seed"])
     model = Drafter(cfg).to(device)
-    if tcfg.get("init_from"):
+    if tcfg.get("init_from") and not handed_on:
         start_from(model, tcfg["init_from"])
     opt = torch.optim.AdamW(
         model.parameters(),
