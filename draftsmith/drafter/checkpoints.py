@@ -32,18 +32,20 @@ FREE_TRAIN_KEYS = ("checkpoint_every",)
 START_WEIGHTS = FILES[1]  # model.safetensors of train.init_from's drafter
 
 
-def run_key(dataset: str | Path, tcfg: dict, cfg: DrafterConfig) -> str:
+def run_key(dataset: str | Path, tcfg: dict, cfg: DrafterConfig, *, target: Path) -> str:
     """What decides the run's steps: the train settings (the world size included), the drafter, the merged
-    dataset (its manifest and when it was written: a re-merge may write the same text for other states) and
+    dataset (its manifest and when it was written: a re-merge may write the same text for other states), the
+    target's weights (the frozen embedding and head; another target of the same shape keeps the manifest) and
     the weights train.init_from starts from (replaced in place, they keep their path)."""
     manifest = Path(dataset)
+    head = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(target.glob("*.safetensors"))]
     settings = {k: v for k, v in tcfg.items() if k not in FREE_TRAIN_KEYS}
     start = None
     if tcfg.get("init_from"):
         weights = (Path(tcfg["init_from"]) / START_WEIGHTS).stat()
         start = [str(tcfg["init_from"]), weights.st_size, weights.st_mtime_ns]
     data = [manifest.read_text(), manifest.stat().st_mtime_ns]
-    return content_hash(settings, cfg.to_json(), data, start)
+    return content_hash(settings, cfg.to_json(), data, start, [str(target), head])
 
 
 def drop_other_runs(out: Path, key: str) -> None:

@@ -151,7 +151,7 @@ def train(
         tcfg=train_section,
         preset_mask_token_id=preset_mask_token_id,
     )
-    key = run_key(dataset, run.tcfg, run.cfg)
+    key = run_key(dataset, run.tcfg, run.cfg, target=Path(target_dir))
     ckpt_dir = out / CHECKPOINTS / key
     if run.rank == 0:
         drop_other_runs(out, key)
@@ -426,7 +426,8 @@ def _finish(
         if step >= run.total:
             save_zlab(run.model, out / "final", torch.float32)
             summary = _summarise(out, run)
-            summary["tokens_per_s"] = tokens_seen / max(elapsed, 1e-9)
+            # None when this job resumed a finished run and trained nothing: no rate was measured
+            summary["tokens_per_s"] = tokens_seen / max(elapsed, 1e-9) if tokens_seen else None
             summary["steps"] = step
             summary["world_size"] = run.world
             write_json(out / "summary.json", summary)

@@ -254,6 +254,7 @@ def test_a_rerun_with_other_settings_starts_afresh_and_the_same_settings_resume(
     assert read_metrics(run / "metrics.csv") == rows  # resumed at the end: no step trained again, rows kept
     assert done["steps"] == again["steps"] and done["first_loss"] == again["first_loss"]
     assert done["heldout_acc"] == again["heldout_acc"]  # the same weights, evaluated again
+    assert done["tokens_per_s"] is None and again["tokens_per_s"] > 0  # a job that trained nothing: no rate
     assert [p.name for p in ckpts.iterdir()] == [new_key]
 
     killed = tmp_path / "killed"
@@ -268,13 +269,14 @@ def test_a_rerun_with_other_settings_starts_afresh_and_the_same_settings_resume(
 
 def test_the_run_key_follows_what_decides_the_steps(toy, tmp_path):
     """The key changes with every train setting but checkpoint_every, with the merged manifest's text or its
-    write time (a re-merge of other states may write the same text), and with train.init_from's weights."""
+    write time (a re-merge of other states may write the same text), with the target's weights (its frozen
+    embedding and head) and with train.init_from's weights."""
     cfg = _set_up(
         toy["manifest"], toy["target"], drafter_section=DRAFTER, tcfg=TRAIN, preset_mask_token_id=None
     ).cfg
 
-    def key(manifest: Path = toy["manifest"], **changes) -> str:
-        return run_key(manifest, {**TRAIN, **changes}, cfg)
+    def key(manifest: Path = toy["manifest"], target: Path = toy["target"], **changes) -> str:
+        return run_key(manifest, {**TRAIN, **changes}, cfg, target=Path(target))
 
     base = key()
     assert key(checkpoint_every=7) == base
@@ -286,7 +288,13 @@ def test_the_run_key_follows_what_decides_the_steps(toy, tmp_path):
         tcfg=TRAIN,
         preset_mask_token_id=None,
     ).cfg
-    assert run_key(toy["manifest"], TRAIN, other_drafter) != base
+    assert run_key(toy["manifest"], TRAIN, other_drafter, target=Path(toy["target"])) != base
+    twin = shutil.copytree(toy["target"], tmp_path / "twin")  # the same shape and bytes, another file
+    copied = key(target=twin)
+    assert copied != base
+    (weights,) = Path(twin).glob("*.safetensors")
+    os.utime(weights, ns=(1, 1))  # weights replaced in place
+    assert key(target=twin) != copied
     same_text = tmp_path / "merged" / "manifest.json"
     same_text.parent.mkdir()
     same_text.write_text(toy["manifest"].read_text())
