@@ -303,3 +303,22 @@ def interpreted() -> dict:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+# bad training records, each with what its error says: prepare's own check (tests/unit/test_data.py) and the
+# prepare job's (tests/workflow/test_faults.py)
+BAD = {
+    "invalid-json": ('{"prompt": "a", "response": ', "invalid JSON"),
+    "missing-fields": (
+        '{"id": "x", "text": "hello"}',
+        "record has neither `messages` nor a single-turn field",
+    ),
+    "wrong-role": (
+        '{"messages": [{"role": "robot", "content": "hi"}]}',
+        "messages[0] has unknown role 'robot'",
+    ),
+    "empty-conversation": ('{"messages": []}', "`messages` must be a non-empty list"),
+    "no-assistant": ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant turn to train on"),
+    "duplicate-id": ('{"id": "r0", "prompt": "again", "response": "twice"}', "duplicate id 'r0'"),
+}
+GOOD = '{"id": "r0", "prompt": "def f(x):", "response": "    return x"}'

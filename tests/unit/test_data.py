@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import BAD, GOOD
 
 from draftsmith.dataset.prepare import BadRecord, prepare
 from draftsmith.dataset.shard import assign_shards
@@ -192,3 +193,37 @@ def test_records_of_other_shapes_take_the_first_template_whose_fields_they_have(
     assert "1 + 1?" in tokenizer.decode(df["input_ids"][0]) and "x y" not in tokenizer.decode(
         df["input_ids"][0]
     )
+
+
+# bad data (issue 6): moved from tests/workflow/test_faults.py, whose CLI test goes on from here
+@pytest.mark.parametrize("kind", list(BAD))
+def test_bad_record_names_file_line_and_problem(tmp_path, tokenizer, kind):
+    """6. Each kind of bad record stops prepare at its file and line, with the problem and what to do."""
+    line, problem = BAD[kind]
+    path = tmp_path / "data.jsonl"
+    path.write_text(f"{GOOD}\n{line}\n")
+    with pytest.raises(BadRecord) as e:
+        prepare(str(path), tokenizer, 128, False)
+    assert str(e.value).startswith(f"{path}:2: ") and problem in str(e.value)
+    assert "data.on_bad_record: skip" in str(e.value)
+
+
+def test_long_and_empty_data(tmp_path, tokenizer):
+    """6. Longer than max_length: truncated and counted (an error only when no assistant token is left); an
+    empty data set: an error naming the file."""
+    path = tmp_path / "long.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "x = 1\n" * 10, "response": "y = 2\n" * 200})
+        + "\n"
+        + json.dumps({"prompt": "x = 1\n" * 200, "response": "y"})
+        + "\n"
+    )
+    with pytest.raises(BadRecord, match=rf"{path}:2: no assistant token left within max_length=64"):
+        prepare(str(path), tokenizer, 64, False)
+    samples, stats = prepare(str(path), tokenizer, 64, False, on_bad_record="skip")
+    assert len(samples) == 1 and stats.truncated == 2 and stats.skipped == 1
+    assert samples["num_tokens"].max() == 64
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(BadRecord, match=rf"{empty}: the data set is empty"):
+        prepare(str(empty), tokenizer, 64, False)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, digest, job_counts, make_workflow, snakemake
+from conftest import BAD, GOOD, REPO, digest, job_counts, make_workflow, snakemake
 
 SHARDS = [f"shard{i:03d}" for i in range(4)]
 
@@ -315,59 +315,7 @@ def test_mask_token_that_the_data_uses_stops_before_extraction(setup, tmp_path, 
 
 
 # --------------------------------------------------------------------------------------------- bad data (6)
-
-BAD = {
-    "invalid-json": ('{"prompt": "a", "response": ', "invalid JSON"),
-    "missing-fields": (
-        '{"id": "x", "text": "hello"}',
-        "record has neither `messages` nor a single-turn field",
-    ),
-    "wrong-role": (
-        '{"messages": [{"role": "robot", "content": "hi"}]}',
-        "messages[0] has unknown role 'robot'",
-    ),
-    "empty-conversation": ('{"messages": []}', "`messages` must be a non-empty list"),
-    "no-assistant": ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant turn to train on"),
-    "duplicate-id": ('{"id": "r0", "prompt": "again", "response": "twice"}', "duplicate id 'r0'"),
-}
-GOOD = '{"id": "r0", "prompt": "def f(x):", "response": "    return x"}'
-
-
-@pytest.mark.parametrize("kind", list(BAD))
-def test_bad_record_names_file_line_and_problem(tmp_path, tokenizer, kind):
-    """6. Each kind of bad record stops prepare at its file and line, with the problem and what to do."""
-    from draftsmith.dataset.prepare import BadRecord, prepare
-
-    line, problem = BAD[kind]
-    path = tmp_path / "data.jsonl"
-    path.write_text(f"{GOOD}\n{line}\n")
-    with pytest.raises(BadRecord) as e:
-        prepare(str(path), tokenizer, 128, False)
-    assert str(e.value).startswith(f"{path}:2: ") and problem in str(e.value)
-    assert "data.on_bad_record: skip" in str(e.value)
-
-
-def test_long_and_empty_data(tmp_path, tokenizer):
-    """6. Longer than max_length: truncated and counted (an error only when no assistant token is left); an empty
-    data set: an error naming the file."""
-    from draftsmith.dataset.prepare import BadRecord, prepare
-
-    path = tmp_path / "long.jsonl"
-    path.write_text(
-        json.dumps({"prompt": "x = 1\n" * 10, "response": "y = 2\n" * 200})
-        + "\n"
-        + json.dumps({"prompt": "x = 1\n" * 200, "response": "y"})
-        + "\n"
-    )
-    with pytest.raises(BadRecord, match=rf"{path}:2: no assistant token left within max_length=64"):
-        prepare(str(path), tokenizer, 64, False)
-    samples, stats = prepare(str(path), tokenizer, 64, False, on_bad_record="skip")
-    assert len(samples) == 1 and stats.truncated == 2 and stats.skipped == 1
-    assert samples["num_tokens"].max() == 64
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("\n")
-    with pytest.raises(BadRecord, match=rf"{empty}: the data set is empty"):
-        prepare(str(empty), tokenizer, 64, False)
+# Each kind of bad record and long or empty data, by prepare itself: tests/unit/test_data.py.
 
 
 def test_prepare_cli_skips_and_counts_or_stops_without_traceback(setup, tmp_path):
@@ -506,7 +454,9 @@ def test_a_bad_bench_prompt_file_stops_the_run_before_any_job(setup, tmp_path):
     args = bad_config(setup, tmp_path, bench={"datasets": [{"name": "gsm8k", "path": str(prompts)}]})
     proc = snakemake("all", "-n", *args, check=False)
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and f"bench.datasets[gsm8k].path: {prompts}:2: no prompt field" in out, out[-2000:]
+    assert proc.returncode != 0 and f"bench.datasets[gsm8k].path: {prompts}:2: no prompt field" in out, out[
+        -2000:
+    ]
     assert not (tmp_path / "results").exists()
     prompts.write_text('{"question": "2 + 2?", "answer": "4"}\n{"turns": ["hello", "again"]}\n')
     assert "bench" in job_counts(snakemake("all", "-n", *args).stdout)
