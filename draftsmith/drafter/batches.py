@@ -11,6 +11,7 @@ from draftsmith.dataset.merge import MergedDataset
 from draftsmith.dataset.shards import Sample, decode
 from draftsmith.drafter.config import DrafterConfig
 from draftsmith.drafter.model import BlockLayout
+from draftsmith.plan.rounds import heldout_rows
 
 
 def anchor_candidates(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -95,13 +96,12 @@ def make_batch(
     return Batch(taps, layout, torch.cat(tokens), torch.cat(labels), int(taps.shape[0]), scale)
 
 
-def split_indices(n: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A fixed held-out set (at least one sample when the fraction is > 0 and there are >= 2 samples)."""
-    perm = np.random.default_rng([seed, 12345]).permutation(n)
-    k = int(round(n * heldout_fraction))
-    if heldout_fraction > 0 and n >= 2:
-        k = max(1, k)
-    return np.sort(perm[k:]), np.sort(perm[:k])
+def split_indices(ids: list[str], heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Training and held-out indices, held out by a hash of (seed, sample id) as rounds hold them out: a grown
+    data set keeps its held-out samples held out, so a drafter trained further on it (train.init_from) is not
+    measured on samples it trained on, and one round holds out what many do."""
+    held = heldout_rows(ids, fraction=heldout_fraction, seed=seed)
+    return np.flatnonzero(~held), np.flatnonzero(held)
 
 
 def subset_indices(train_idx: np.ndarray, max_samples: int | None, seed: int) -> np.ndarray:

@@ -195,6 +195,17 @@ def train(
     return _finish(out, run, metrics=metrics, step=step, tokens_seen=tokens_seen, elapsed=elapsed)
 
 
+def sample_ids(ds: MergedDataset) -> list[str]:
+    """The samples' ids in the dataset's order; a manifest written by hand without them (benchmarks, tests)
+    gets its shard's number and the row."""
+    shards = ds.manifest["shards"]
+    return [
+        i
+        for k, s in enumerate(shards)
+        for i in s.get("sample_ids", [f"{k}:{j}" for j in range(s["num_samples"])])
+    ]
+
+
 def _set_up(
     dataset: str | Path,
     target_dir: Path,
@@ -216,7 +227,8 @@ def _set_up(
     embed, head = frozen_head(target_dir, device, dtype)
 
     model, opt = _seeded_model(cfg, tcfg, device=device)
-    full_idx, held_idx = split_indices(len(ds), tcfg["heldout_fraction"], tcfg["seed"])
+    ids = sample_ids(ds)
+    full_idx, held_idx = split_indices(ids, tcfg["heldout_fraction"], tcfg["seed"])
     train_idx = subset_indices(full_idx, tcfg.get("max_samples"), tcfg["seed"])
     plan_args = (
         ds.lengths,
