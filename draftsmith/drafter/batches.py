@@ -99,7 +99,8 @@ def make_batch(
 def split_indices(ids: list[str], heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Training and held-out indices, held out by a hash of (seed, sample id) as rounds hold them out: a grown
     data set keeps its held-out samples held out, so a drafter trained further on it (train.init_from) is not
-    measured on samples it trained on, and one round holds out what many do."""
+    measured on samples it trained on. Rounds draw per base shard, so only their one-sample floor for a shard
+    that draws none can differ."""
     held = heldout_rows(ids, fraction=heldout_fraction, seed=seed)
     return np.flatnonzero(~held), np.flatnonzero(held)
 
