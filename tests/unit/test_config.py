@@ -70,6 +70,10 @@ OVERLAYS = {
         "configs/study-smollm2-40k.yaml",
         "configs/study-smollm2-40k-more-math.yaml",
     ],
+    "configs/study-smollm2-40k-continue-more-10ep.yaml": [
+        "configs/study-smollm2-40k.yaml",
+        "configs/study-smollm2-40k-more-math.yaml",
+    ],
 }
 CONFIGS = ["config.yaml"] + sorted(f"configs/{p.name}" for p in (REPO / "configs").glob("*.yaml"))
 USERS_RECORDS = "data/"  # where a model preset expects the user's own records and prompts
