@@ -33,7 +33,7 @@ unpack_study_inputs() {  # the study's GGUF from its two staged parts (checked a
     mv $G.tmp $G
     if ls /tmp/stage/answers.tgz.* >/dev/null 2>&1; then  # an earlier session's answer cache (STUDY_ANSWERS=1
         # packed it): the regeneration jobs find their answers there, keyed by target, settings and prompts
-        cat /tmp/stage/answers.tgz.* | tar xz -C $R && echo "answers of an earlier session: $(ls $R/answers/cache/*.parquet | wc -l) cached answer file(s)"
+        cat /tmp/stage/answers.tgz.* | tar xz -C $R && echo "answers of an earlier session: $(ls $R/answers/cache/*.parquet $R/extract/regen/*.parquet 2>/dev/null | wc -l) answer file(s)"
     fi
 }
 
@@ -183,15 +183,8 @@ for phase in "$@"; do
             # the answers the run decoded (one round's extraction keeps them in extract/regen), packed with the
             # carried cache for a later session's .stage/c: on 2026-12-06 the math prompts' 8,460 came back
             # only this way. About 30 MB: the last watch call brings them beside the results and the drafter
-            # One round's extract/regen holds every answer of the run, the carried cache's among them: packed
-            # alone, with the cache's folder empty (study_bg reads its presence as answers carried), they took
-            # two parts where both took three on 2026-12-07
             if [ -n "$(find $R/answers/cache $R/extract/regen -name '*.parquet' -newer /tmp/study/started 2>/dev/null | head -1)" ]; then
-                if [ -d $R/extract/regen ]; then
-                    pack_answers $R --no-recursion answers/cache --recursion extract/regen
-                else
-                    pack_answers $R answers/cache
-                fi
+                pack_answers $R $(cd $R && ls -d answers/cache extract/regen 2>/dev/null)
             fi
             kill $MONITOR $PEAK 2>/dev/null; date +%T > /tmp/study/done
             exit 0

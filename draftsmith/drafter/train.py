@@ -199,11 +199,16 @@ def sample_ids(ds: MergedDataset) -> list[str]:
     """The samples' ids in the dataset's order; a manifest written by hand without them (benchmarks, tests)
     gets its shard's number and the row."""
     shards = ds.manifest["shards"]
-    return [
+    ids = [
         i
         for k, s in enumerate(shards)
         for i in s.get("sample_ids", [f"{k}:{j}" for j in range(s["num_samples"])])
     ]
+    if len(ids) != len(ds):
+        raise ValueError(
+            f"{ds.manifest_path}: {len(ids)} sample ids for {len(ds)} samples; merge the shards again"
+        )
+    return ids
 
 
 def _set_up(

@@ -117,7 +117,7 @@ def run_variant(name: str, sections: dict, *, dataset: str, target: str, out: Pa
         "train_tokens": summary["train_tokens"],
         "heldout_acc": acc,
         "heldout_tau": round(summary["heldout_tau"], 3),
-        "tokens_per_s": round(summary["tokens_per_s"]),
+        "tokens_per_s": None if summary["tokens_per_s"] is None else round(summary["tokens_per_s"]),
     }
 
 
