@@ -322,3 +322,34 @@ BAD = {
     "duplicate-id": ('{"id": "r0", "prompt": "again", "response": "twice"}', "duplicate id 'r0'"),
 }
 GOOD = '{"id": "r0", "prompt": "def f(x):", "response": "    return x"}'
+
+
+# the config overlays, each with the files it goes after (as the Makefile or scripts/gpu_suite.sh pass them),
+# read by the preset checks of tests/unit/test_config.py and tests/workflow/test_workflow.py
+STUDY = "configs/study-smollm2.yaml"
+OVERLAYS = {
+    "configs/demo-fp8.yaml": ["config.yaml"],
+    "configs/demo-sliding.yaml": ["config.yaml"],
+    "configs/study-smollm2-rounds.yaml": [STUDY],
+    "configs/study-smollm2-rounds-2ep.yaml": [STUDY, "configs/study-smollm2-rounds.yaml"],
+    "configs/study-smollm2-40k-5ep.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-6ep.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-half-10ep.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-10ep.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-16ep.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-math.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-continue.yaml": [
+        "configs/study-smollm2-40k.yaml",
+        "configs/study-smollm2-40k-math.yaml",
+    ],
+    "configs/study-smollm2-40k-more-math.yaml": ["configs/study-smollm2-40k.yaml"],
+    "configs/study-smollm2-40k-continue-more.yaml": [
+        "configs/study-smollm2-40k.yaml",
+        "configs/study-smollm2-40k-more-math.yaml",
+    ],
+    "configs/study-smollm2-40k-continue-more-10ep.yaml": [
+        "configs/study-smollm2-40k.yaml",
+        "configs/study-smollm2-40k-more-math.yaml",
+    ],
+}
+STAGED = "/tmp/stage/"  # where gpu_suite.sh stage_a puts what a study carries to the GPU machine (a drafter)

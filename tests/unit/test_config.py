@@ -3,7 +3,7 @@ a run before any job (taps no serving engine would feed the drafter), and every 
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import OVERLAYS, REPO, STAGED
 
 from draftsmith.config import with_defaults
 from draftsmith.plan.cli import load_config
@@ -49,35 +49,8 @@ def test_taps_no_engine_serves_are_refused(taps, message):
 
 
 # Overlays, each with the files it is passed after (its usage line says so)
-STUDY = "configs/study-smollm2.yaml"
-OVERLAYS = {
-    "configs/demo-fp8.yaml": ["config.yaml"],
-    "configs/demo-sliding.yaml": ["config.yaml"],
-    "configs/study-smollm2-rounds.yaml": [STUDY],
-    "configs/study-smollm2-rounds-2ep.yaml": [STUDY, "configs/study-smollm2-rounds.yaml"],
-    "configs/study-smollm2-40k-5ep.yaml": ["configs/study-smollm2-40k.yaml"],
-    "configs/study-smollm2-40k-6ep.yaml": ["configs/study-smollm2-40k.yaml"],
-    "configs/study-smollm2-40k-half-10ep.yaml": ["configs/study-smollm2-40k.yaml"],
-    "configs/study-smollm2-40k-10ep.yaml": ["configs/study-smollm2-40k.yaml"],
-    "configs/study-smollm2-40k-16ep.yaml": ["configs/study-smollm2-40k.yaml"],
-    "configs/study-smollm2-40k-math.yaml": ["configs/study-smollm2-40k.yaml"],
-    "configs/study-smollm2-40k-continue.yaml": [
-        "configs/study-smollm2-40k.yaml",
-        "configs/study-smollm2-40k-math.yaml",
-    ],
-    "configs/study-smollm2-40k-more-math.yaml": ["configs/study-smollm2-40k.yaml"],
-    "configs/study-smollm2-40k-continue-more.yaml": [
-        "configs/study-smollm2-40k.yaml",
-        "configs/study-smollm2-40k-more-math.yaml",
-    ],
-    "configs/study-smollm2-40k-continue-more-10ep.yaml": [
-        "configs/study-smollm2-40k.yaml",
-        "configs/study-smollm2-40k-more-math.yaml",
-    ],
-}
 CONFIGS = ["config.yaml"] + sorted(f"configs/{p.name}" for p in (REPO / "configs").glob("*.yaml"))
 USERS_RECORDS = "data/"  # where a model preset expects the user's own records and prompts
-STAGED = "/tmp/stage/"  # where gpu_suite.sh stage_a puts what a study carries to the GPU machine (a drafter)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
