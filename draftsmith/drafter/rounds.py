@@ -25,7 +25,14 @@ from draftsmith.dataset.merge import MergedDataset
 from draftsmith.drafter.batches import fit_plan, load_batch, plan_epoch, subset_indices
 from draftsmith.drafter.config import config_from_target
 from draftsmith.drafter.metrics import log_step, metrics_columns, reopen_metrics
-from draftsmith.drafter.train import TrainingRun, _seeded_model, frozen_head, loss_weights, run_steps
+from draftsmith.drafter.train import (
+    TrainingRun,
+    _seeded_model,
+    frozen_head,
+    loss_weights,
+    run_steps,
+    sample_ids,
+)
 from draftsmith.plan.rounds import row_rounds
 
 ROUND_STRIDE = 1_000_003  # epoch x stride + round seeds a round's shuffle: no two (epoch, round) share one
@@ -187,7 +194,7 @@ def _position(positions: list[Position], epoch: int, position: int) -> Position:
 
 def _record(run: TrainingRun, me: Position, plan: list[list[int]]) -> dict:
     """A position's record: where it stands in the run, and the samples it trained, in order."""
-    ids = [i for s in run.ds.manifest["shards"] for i in s["sample_ids"]]
+    ids = sample_ids(run.ds)
     record: dict[str, object] = {"epoch": me.epoch, "position": me.position, "round": me.round}
     record["first_step"] = me.first_step
     record.update(steps=me.steps, total_steps=run.total, world_size=run.world)

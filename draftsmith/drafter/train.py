@@ -232,8 +232,7 @@ def _set_up(
     embed, head = frozen_head(target_dir, device, dtype)
 
     model, opt = _seeded_model(cfg, tcfg, device=device)
-    ids = sample_ids(ds)
-    full_idx, held_idx = split_indices(ids, tcfg["heldout_fraction"], tcfg["seed"])
+    full_idx, held_idx = split_indices(sample_ids(ds), tcfg["heldout_fraction"], tcfg["seed"])
     train_idx = subset_indices(full_idx, tcfg.get("max_samples"), tcfg["seed"])
     plan_args = (
         ds.lengths,
