@@ -24,7 +24,7 @@ from draftsmith.dataset.regenerate import regenerate_shard
 from draftsmith.dataset.shard_sizes import shard_bytes
 from draftsmith.dataset.shards import shard_manifest
 from draftsmith.engine.memory import NoRoomForAnswers
-from draftsmith.plan.data import answered_lengths
+from draftsmith.plan.data import answer_settings, answered_lengths, reused_lengths
 from draftsmith.plan.rounds import peak_tokens, round_tokens, select_rows
 from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
@@ -109,7 +109,7 @@ def stop(msg: str) -> NoReturn:
     sys.exit(msg)
 
 
-def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan: dict):
+def _job_samples(args: argparse.Namespace, samples, *, tcfg: dict, dcfg: dict, ecfg: dict, plan: dict):
     """The samples this job holds (a round's or the held-out rows under a disk budget) and whether it
     regenerates their answers; stops before any GPU work when they cannot fit the disk."""
     if args.rows_json:
@@ -133,10 +133,14 @@ def _job_samples(args: argparse.Namespace, samples, dcfg: dict, ecfg: dict, plan
                 pin=Path(args.round_plan),
             )
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered
+    regen, max_length = dcfg["regenerate"], int(dcfg["max_length"])
+    # cached answers weigh their own length: the regeneration below reuses them (results as it finds them)
+    settings = answer_settings(tcfg, regen, max_length)
+    reused = reused_lengths(Path(args.out).parents[1], settings) if regenerate else None
     try:  # before any GPU work: a full disk is a message now, not a crash hours in
         need = check_disk_space(
             Path(args.out),
-            planned_tokens(samples, dcfg["regenerate"] if regenerate else {}, int(dcfg["max_length"])),
+            planned_tokens(samples, regen if regenerate else {}, max_length, answered=reused),
             len(samples),
             len(plan["target"]["taps"]),
             int(plan["target"]["hidden_size"]),
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     tcfg, dcfg = section_arg(args.target_json, "target"), section_arg(args.data_json, "data")
     tapcfg, ecfg = section_arg(args.taps_json, "taps"), section_arg(args.extract_json, "extract")
     out, plan, samples = Path(args.out), read_json(args.probe), read_samples(args.shard)
-    samples, regenerate = _job_samples(args, samples, dcfg, ecfg, plan)
+    samples, regenerate = _job_samples(args, samples, tcfg=tcfg, dcfg=dcfg, ecfg=ecfg, plan=plan)
     target_dir = resolve_target(args.target)
 
     with acquire(plan["gpus_per_copy"]) as devices:
