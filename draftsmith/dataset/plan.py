@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from draftsmith.core.faults import free_bytes
 from draftsmith.core.io import tmp_path
@@ -47,22 +46,6 @@ def make_batches(lengths: list[int] | np.ndarray, token_budget: int) -> list[lis
         batches.append([int(x) for x in order[cut[j] : j]])
         j = int(cut[j])
     return batches[::-1]
-
-
-def planned_tokens(
-    samples: pd.DataFrame, regen: dict, max_length: int, *, answered: pd.Series | None = None
-) -> int:
-    """Tokens the shard will hold: as prepared, or at most prompt + max_new_tokens each when regenerating.
-    `answered` (answer tokens by sample id): the cached answers the job will reuse, weighed at their length;
-    weighing them at the bound stopped a job whose states fit the disk."""
-    if not regen.get("enabled"):
-        return int(samples["num_tokens"].sum())
-    prompt = samples["prompt_len"].to_numpy(dtype=np.int64)
-    answer = np.full_like(prompt, int(regen["max_new_tokens"]))
-    if answered is not None and len(answered):
-        known = samples["id"].map(answered)
-        answer = np.where(known.notna(), known.fillna(0).to_numpy(dtype=np.int64), answer)
-    return int(np.minimum(prompt + answer, max_length).sum())
 
 
 def check_disk_space(

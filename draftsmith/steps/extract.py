@@ -19,13 +19,13 @@ from draftsmith.core.io import read_json, read_samples, write_json
 from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.dataset.answers import AnswersRejected, judge
 from draftsmith.dataset.extract import extract_samples
-from draftsmith.dataset.plan import check_disk_space, planned_tokens
+from draftsmith.dataset.plan import check_disk_space
 from draftsmith.dataset.regenerate import regenerate_shard
 from draftsmith.dataset.shard_sizes import shard_bytes
 from draftsmith.dataset.shards import shard_manifest
 from draftsmith.engine.memory import NoRoomForAnswers
 from draftsmith.plan.data import answer_settings, answered_lengths, reused_lengths
-from draftsmith.plan.rounds import peak_tokens, round_tokens, select_rows
+from draftsmith.plan.rounds import peak_tokens, round_tokens, sample_tokens, select_rows
 from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
 from draftsmith.target.load import eos_ids_of, load_configured_target
@@ -109,6 +109,18 @@ def stop(msg: str) -> NoReturn:
     sys.exit(msg)
 
 
+def job_tokens(samples: pd.DataFrame, out: Path, *, tcfg: dict, dcfg: dict, regenerate: bool) -> int:
+    """Tokens the job's shard will hold, as far as is known before any GPU work: answered samples their own,
+    answers the cache holds under this run's settings theirs (the regeneration reuses them), the rest their
+    bound. Weighing cached answers at the bound stopped a job whose states fit the disk."""
+    regen = {**dcfg["regenerate"], "enabled": regenerate}
+    reused = None
+    if regenerate:  # the cache as regenerate_shard finds it: RESULTS/extract/regen/, RESULTS/answers/cache/
+        settings = answer_settings(tcfg, dcfg["regenerate"], int(dcfg["max_length"]))
+        reused = reused_lengths(out.parents[1], settings)
+    return int(sample_tokens(samples, {**dcfg, "regenerate": regen}, reused).sum())
+
+
 def _job_samples(args: argparse.Namespace, samples, *, tcfg: dict, dcfg: dict, ecfg: dict, plan: dict):
     """The samples this job holds (a round's or the held-out rows under a disk budget) and whether it
     regenerates their answers; stops before any GPU work when they cannot fit the disk."""
@@ -133,14 +145,10 @@ def _job_samples(args: argparse.Namespace, samples, *, tcfg: dict, dcfg: dict, e
                 pin=Path(args.round_plan),
             )
     regenerate = dcfg["regenerate"]["enabled"] and not args.answered
-    regen, max_length = dcfg["regenerate"], int(dcfg["max_length"])
-    # cached answers weigh their own length: the regeneration below reuses them (results as it finds them)
-    settings = answer_settings(tcfg, regen, max_length)
-    reused = reused_lengths(Path(args.out).parents[1], settings) if regenerate else None
     try:  # before any GPU work: a full disk is a message now, not a crash hours in
         need = check_disk_space(
             Path(args.out),
-            planned_tokens(samples, regen if regenerate else {}, max_length, answered=reused),
+            job_tokens(samples, Path(args.out), tcfg=tcfg, dcfg=dcfg, regenerate=regenerate),
             len(samples),
             len(plan["target"]["taps"]),
             int(plan["target"]["hidden_size"]),

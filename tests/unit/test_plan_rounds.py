@@ -210,3 +210,30 @@ def test_a_grown_data_set_keeps_its_held_out_samples_held_out():
     assert 0.03 < len(held_later) / len(grown) < 0.07 and len(trained_later) + len(held_later) == len(grown)
     assert held_later.tolist() == np.flatnonzero(heldout_rows(grown, fraction=0.05, seed=0)).tolist()
     assert split_indices(grown, 0.05, 1)[1].tolist() != held_later.tolist()  # the seed draws another set
+
+
+def test_an_extraction_job_weighs_the_answers_it_will_reuse_at_their_length(tmp_path):
+    """The pre-GPU disk check of a one-round extraction job: answers cached under this run's settings weigh
+    their own length, answers of other settings and the uncached samples the bound. At the bound, a second job
+    beside carried answers stopped for 53 GB when its states took 29.5 GB."""
+    from draftsmith.plan.data import answer_settings
+    from draftsmith.steps.extract import job_tokens
+
+    config = _config()
+    target = {"path": "some/target", "dtype": "bfloat16"}
+    df = _shards(1, 6)[0]
+    known = _answers([df])
+    settings = answer_settings(target, config["data"]["regenerate"], int(config["data"]["max_length"]))
+    regen = tmp_path / "extract" / "regen"
+    regen.mkdir(parents=True)
+    for name, rows, stamp in (("shard000", slice(0, 3), settings), ("other", slice(3, 4), "other settings")):
+        part = df.iloc[rows].assign(num_tokens=lambda d: d["prompt_len"] + known[d["id"]].to_numpy())
+        part.to_parquet(regen / f"{name}.parquet")
+        (regen / f"{name}.json").write_text(json.dumps({"key": "k", "settings": stamp}))
+    out = tmp_path / "extract" / "shard000.safetensors"
+
+    tokens = job_tokens(df, out, tcfg=target, dcfg=config["data"], regenerate=True)
+    prompt = df["prompt_len"].to_numpy()
+    reused = prompt[:3] + known[df["id"][:3]].to_numpy()
+    assert tokens == reused.sum() + (prompt[3:] + MAX_NEW).sum()
+    assert job_tokens(df, out, tcfg=target, dcfg=config["data"], regenerate=False) == df["num_tokens"].sum()
