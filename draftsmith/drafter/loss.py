@@ -9,9 +9,7 @@ import torch.nn.functional as F
 
 from draftsmith.drafter.batches import Batch
 
-FUSED_LOSS_ENV = (
-    "DRAFTSMITH_FUSED_LOSS"  # "1": the loss's chunk terms compiled on a GPU (not yet timed there)
-)
+FUSED_LOSS_ENV = "DRAFTSMITH_FUSED_LOSS"  # "1": the loss's chunk terms compiled on a GPU (docs/drafter.md)
 
 
 def auto_gamma(block_size: int) -> float:
@@ -54,9 +52,9 @@ _fused_terms = None  # chunk_terms compiled, built at the first GPU step
 
 
 def terms_for(device: torch.device):
-    """chunk_terms eagerly, or compiled on a GPU with DRAFTSMITH_FUSED_LOSS=1. Opt-in until a GPU has timed it
-    against eager (`python -m draftsmith.perf.bench_train` with and without it, docs/drafter.md). Never on the
-    CPU, where Inductor would need a C++ compiler and the tests' chunks are small."""
+    """chunk_terms eagerly, or compiled on a GPU with DRAFTSMITH_FUSED_LOSS=1. Opt-in until the user's sm_120
+    cards have compiled and timed it (docs/drafter.md). Never on the CPU, where Inductor would need a C++
+    compiler and the tests' chunks are small."""
     global _fused_terms
     if device.type != "cuda" or os.environ.get(FUSED_LOSS_ENV) != "1":
         return chunk_terms
