@@ -102,20 +102,12 @@ def regenerate_cached(
     anything is decoded, and only the samples none of them answers are decoded. Stats are None when every
     answer was reused, else they count the decoded ones. `settings` (`answer_settings`) goes
     into the stamp: the plan reads it to leave the answers it will reuse out of regeneration's hours."""
-    stamp = cache.with_suffix(".json")
-    try:
-        if json.loads(stamp.read_text()).get("key") == key:
-            done = pd.read_parquet(cache)
-            if done["id"].tolist() == samples["id"].tolist():
-                log.info(
-                    "regeneration: reusing %d answers from %s (same target, settings and prompts)",
-                    len(done),
-                    cache,
-                )
-                return done, None
-    except (OSError, ValueError, KeyError):
-        pass  # no cache, or a torn one: decode
-    found = elsewhere() if elsewhere is not None else None  # what the run's other answer files hold
+    found, complete = cached_answers(samples, cache, key, elsewhere=elsewhere)
+    if complete and found is not None:
+        log.info(
+            "regeneration: reusing %d answers from %s (same target, settings and prompts)", len(found), cache
+        )
+        return found, None
     rest = samples if found is None else samples[~samples["id"].isin(found["id"])].reset_index(drop=True)
     stats = None
     if len(rest) or found is None:  # only the prompts no file answers: a grown data set decodes its new ones
@@ -127,8 +119,27 @@ def regenerate_cached(
     else:
         out = found
     write_parquet(out, cache)
-    write_json(stamp, {"key": key, "answers": len(out), "settings": settings})
+    write_json(cache.with_suffix(".json"), {"key": key, "answers": len(out), "settings": settings})
     return out, stats
+
+
+def cached_answers(
+    samples: pd.DataFrame,
+    cache: Path,
+    key: str,
+    *,
+    elsewhere: Callable[[], pd.DataFrame | None] | None = None,
+) -> tuple[pd.DataFrame | None, bool]:
+    """The answers a job finds before it decodes: every one in its own `cache` under `key` (True), else those
+    the run's other answer files hold (`elsewhere`; False, None when they hold none)."""
+    try:
+        if json.loads(cache.with_suffix(".json").read_text()).get("key") == key:
+            done = pd.read_parquet(cache)
+            if done["id"].tolist() == samples["id"].tolist():
+                return done, True
+    except (OSError, ValueError, KeyError):
+        pass  # no cache, or a torn one: decode
+    return (elsewhere() if elsewhere is not None else None), False
 
 
 def answered_elsewhere(
@@ -182,12 +193,42 @@ def answered_elsewhere(
     return out
 
 
+def _lookup(samples: pd.DataFrame, *, target: dict, data: dict, results: Path | None):
+    """How a job knows its answers: the key of a set of rows (target, decoding settings, prompts), and the
+    search of the run's other answer files for `samples`."""
+    regen, max_length = data["regenerate"], int(data["max_length"])
+
+    def key_of(rows: pd.DataFrame) -> str:
+        return cache_key(target, regen, max_length, rows)
+
+    def elsewhere() -> pd.DataFrame | None:
+        # its own file too: written for fewer prompts (a grown data set), its answers still hold for those
+        files = [] if results is None else answer_files(results)
+        return answered_elsewhere(samples, files, key_of) if files else None
+
+    return key_of, elsewhere
+
+
+def shard_cache(shard_out: Path) -> Path:
+    """The extract job's answer cache: beside the shards, RESULTS/extract/regen/<shard>.parquet."""
+    return shard_out.parent / "regen" / f"{shard_out.stem}.parquet"
+
+
+def reusable_answers(
+    samples: pd.DataFrame, *, shard_out: Path, target: dict, data: dict
+) -> pd.DataFrame | None:
+    """The answers `regenerate_shard` will reuse rather than decode, found without a model: the extract job
+    weighs them on the disk at their own length before any GPU work."""
+    key_of, elsewhere = _lookup(samples, target=target, data=data, results=shard_out.parent.parent)
+    return cached_answers(samples, shard_cache(shard_out), key_of(samples), elsewhere=elsewhere)[0]
+
+
 def regenerate_shard(
     model, tokenizer, samples: pd.DataFrame, *, shard_out: Path, target: dict, data: dict, slots: int
 ) -> tuple[pd.DataFrame, RegenStats | None]:
     """The extract job's regeneration: answers kept beside the shards (extract/regen/), reused by any rerun; a
     retry after running out of memory passes half the slots."""
-    cache = shard_out.parent / "regen" / f"{shard_out.stem}.parquet"
+    cache = shard_cache(shard_out)
     return regenerate_into(
         model,
         tokenizer,
@@ -214,15 +255,7 @@ def regenerate_into(
     """`regenerate_cached` with the config's `data` and `target` sections: the answers in `cache`, or in the
     other answer files of the run under `results` (a change of layout decodes nothing again)."""
     regen, max_length = data["regenerate"], int(data["max_length"])
-
-    def key_of(rows: pd.DataFrame) -> str:
-        return cache_key(target, regen, max_length, rows)
-
-    def elsewhere() -> pd.DataFrame | None:
-        # its own file too: written for fewer prompts (a grown data set), its answers still hold for those
-        files = [] if results is None else answer_files(results)
-        return answered_elsewhere(samples, files, key_of) if files else None
-
+    key_of, elsewhere = _lookup(samples, target=target, data=data, results=results)
     return regenerate_cached(
         model,
         tokenizer,

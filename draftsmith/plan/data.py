@@ -208,14 +208,6 @@ def answered_under(results: str | Path, settings: str) -> set:
     return ids
 
 
-def reused_lengths(results: str | Path, settings: str) -> pd.Series | None:
-    """Answer tokens by sample id of the answers cached under `settings`: those a job reuses, not decodes."""
-    lengths = answered_lengths(results)
-    if lengths is None:
-        return None
-    return lengths[lengths.index.isin(answered_under(results, settings))]
-
-
 def shard_files(results: str | Path, count: int) -> list[str]:
     """The base shards as the shard rule names them (RESULTS/shards/shardNNN.parquet)."""
     return [f"{results}/shards/shard{i:03d}.parquet" for i in range(count)]

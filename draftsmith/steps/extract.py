@@ -20,11 +20,11 @@ from draftsmith.core.runtime import set_threads, setup_logging
 from draftsmith.dataset.answers import AnswersRejected, judge
 from draftsmith.dataset.extract import extract_samples
 from draftsmith.dataset.plan import check_disk_space
-from draftsmith.dataset.regenerate import regenerate_shard
+from draftsmith.dataset.regenerate import regenerate_shard, reusable_answers
 from draftsmith.dataset.shard_sizes import shard_bytes
 from draftsmith.dataset.shards import shard_manifest
 from draftsmith.engine.memory import NoRoomForAnswers
-from draftsmith.plan.data import answer_settings, answered_lengths, reused_lengths
+from draftsmith.plan.data import answered_lengths
 from draftsmith.plan.rounds import peak_tokens, round_tokens, sample_tokens, select_rows
 from draftsmith.target.files import resolve_target
 from draftsmith.target.kernels import report_kernels
@@ -111,13 +111,13 @@ def stop(msg: str) -> NoReturn:
 
 def job_tokens(samples: pd.DataFrame, out: Path, *, tcfg: dict, dcfg: dict, regenerate: bool) -> int:
     """Tokens the job's shard will hold, as far as is known before any GPU work: answered samples their own,
-    answers the cache holds under this run's settings theirs (the regeneration reuses them), the rest their
-    bound. Weighing cached answers at the bound stopped a job whose states fit the disk."""
+    the answers its regeneration will reuse theirs (found as it finds them), the rest their bound. Weighing
+    reused answers at the bound stopped a job whose states fit the disk."""
     regen = {**dcfg["regenerate"], "enabled": regenerate}
     reused = None
-    if regenerate:  # the cache as regenerate_shard finds it: RESULTS/extract/regen/, RESULTS/answers/cache/
-        settings = answer_settings(tcfg, dcfg["regenerate"], int(dcfg["max_length"]))
-        reused = reused_lengths(out.parents[1], settings)
+    if regenerate and (found := reusable_answers(samples, shard_out=out, target=tcfg, data=dcfg)) is not None:
+        answer = (found["num_tokens"] - found["prompt_len"]).to_numpy()
+        reused = pd.Series(answer, index=found["id"].to_numpy())
     return int(sample_tokens(samples, {**dcfg, "regenerate": regen}, reused).sum())
 
 

@@ -212,28 +212,42 @@ def test_a_grown_data_set_keeps_its_held_out_samples_held_out():
     assert split_indices(grown, 0.05, 1)[1].tolist() != held_later.tolist()  # the seed draws another set
 
 
+def _answered(rows: pd.DataFrame, answers: pd.Series) -> pd.DataFrame:
+    """The rows as regeneration writes them: each prompt followed by its answer's tokens."""
+    ids = [np.concatenate([x, np.full(answers[i], 7)]) for i, x in zip(rows["id"], rows["input_ids"])]
+    return rows.assign(input_ids=ids, num_tokens=[len(x) for x in ids])
+
+
 def test_an_extraction_job_weighs_the_answers_it_will_reuse_at_their_length(tmp_path):
-    """The pre-GPU disk check of a one-round extraction job: answers cached under this run's settings weigh
-    their own length, answers of other settings and the uncached samples the bound. At the bound, a second job
-    beside carried answers stopped for 53 GB when its states took 29.5 GB."""
-    from draftsmith.plan.data import answer_settings
+    """The pre-GPU disk check of a one-round extraction job weighs an answer at its length where its
+    regeneration will reuse it, found as regeneration finds it (the target, decoding settings and prompt all
+    the same), and the rest at the bound. At the bound, a job beside carried answers stopped for 53 GB when
+    its states took 29.5 GB."""
+    from draftsmith.dataset.regenerate import cache_key
     from draftsmith.steps.extract import job_tokens
 
     config = _config()
-    target = {"path": "some/target", "dtype": "bfloat16"}
-    df = _shards(1, 6)[0]
+    data, target = config["data"], {"path": "some/target", "dtype": "bfloat16"}
+    df = _shards(1, 8)[0]
+    df["input_ids"] = [np.arange(n, dtype=np.int32) for n in df["prompt_len"]]
     known = _answers([df])
-    settings = answer_settings(target, config["data"]["regenerate"], int(config["data"]["max_length"]))
-    regen = tmp_path / "extract" / "regen"
-    regen.mkdir(parents=True)
-    for name, rows, stamp in (("shard000", slice(0, 3), settings), ("other", slice(3, 4), "other settings")):
-        part = df.iloc[rows].assign(num_tokens=lambda d: d["prompt_len"] + known[d["id"]].to_numpy())
-        part.to_parquet(regen / f"{name}.parquet")
-        (regen / f"{name}.json").write_text(json.dumps({"key": "k", "settings": stamp}))
+    changed = df.iloc[3:4].assign(input_ids=lambda d: [x + 1 for x in d["input_ids"]])  # another prompt
+    files = {  # name: (rows, the target they were answered by)
+        "answers/cache/shard000": (df.iloc[0:3], target),
+        "answers/cache/old": (df.iloc[4:5], {**target, "path": "another/target"}),
+        "extract/regen/other": (changed, target),
+    }
+    for name, (rows, by) in files.items():
+        path = tmp_path / f"{name}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = _answered(rows, known)
+        rows.to_parquet(path)
+        key = cache_key(by, data["regenerate"], int(data["max_length"]), rows)
+        path.with_suffix(".json").write_text(json.dumps({"key": key}))
     out = tmp_path / "extract" / "shard000.safetensors"
 
-    tokens = job_tokens(df, out, tcfg=target, dcfg=config["data"], regenerate=True)
+    tokens = job_tokens(df, out, tcfg=target, dcfg=data, regenerate=True)
     prompt = df["prompt_len"].to_numpy()
     reused = prompt[:3] + known[df["id"][:3]].to_numpy()
     assert tokens == reused.sum() + (prompt[3:] + MAX_NEW).sum()
-    assert job_tokens(df, out, tcfg=target, dcfg=config["data"], regenerate=False) == df["num_tokens"].sum()
+    assert job_tokens(df, out, tcfg=target, dcfg=data, regenerate=False) == df["num_tokens"].sum()
