@@ -324,8 +324,8 @@ def make_plan(
         gpus=gpus,
     )
     plan["notes"] += plan["memory"]["notes"]
+    disk_note(plan, probe, per_token=per_token[storage], storage=storage)  # before what reuse would save
     reuse_note(config, plan)
-    disk_note(plan, probe, per_token=per_token[storage], storage=storage)
     return plan
 
 
@@ -385,25 +385,32 @@ def _unplanned(plan: dict, *, shape_known: bool) -> dict:
 
 
 def disk_note(plan: dict, probe: dict, *, per_token: float, storage: str) -> None:
-    """The write rate the extraction jobs need together (a GPU's rate, its slots' together, on each GPU), and
-    a warning when the probe found the results disk slower."""
+    """The write rate the extraction jobs need together (a GPU's rate, its slots' together, on each GPU).
+    Where the probe found the results disk slower: extraction's GPU-hours at the disk's rate while the jobs
+    stream states (their start-up does not wait on it), and a warning that says what that costs."""
     need = plan["devices"] * per_token * plan["stages"]["extract per epoch"]["rate"] / 1e9
     plan["disk_rate_needed_gbs"] = need
     if not probe:
         return
     rate = float(probe.get("disk_write_gbs") or 0)
     plan["disk_write_gbs"] = rate
-    if 0 < rate < need:
-        idle = 1 - rate / need  # of the time the jobs stream; their start-up does not wait on the disk
-        stage = plan["stages"].get("extract, all passes", {})
-        streams = 1 - stage.get("fixed_hours", 0) / stage["gpu_hours"] if stage.get("gpu_hours") else 1.0
-        plan["notes"].append(
-            f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['devices']} GPU(s) "
-            f"extracting produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
-            f"{idle:.0%} of the time they stream states, {streams:.0%} of extraction's planned GPU-hours, so "
-            f"about {idle * streams:.0%} of them). Put `results` on a faster disk"
-            + (", or use extract.storage: fp8" if storage != "fp8" else "")
-        )
+    if not 0 < rate < need:
+        return
+    added = 0.0
+    for name in ("extract per epoch", "extract, all passes"):
+        stage = plan["stages"][name]
+        streaming = stage["gpu_hours"] - stage.get("fixed_hours", 0.0)
+        stage["gpu_hours"] += streaming * (need / rate - 1)
+        stage["source"] += f"; waits on the disk: {rate:.2f} GB/s in the probe, {need:.2f} GB/s to keep up"
+        added = streaming * (need / rate - 1)  # the last: all passes
+    plan["notes"].append(
+        f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['devices']} GPU(s) "
+        f"extracting produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
+        f"{1 - rate / need:.0%} of the time they stream states), and the plan prices that: {added:,.2f} of "
+        f"extraction's {plan['stages']['extract, all passes']['gpu_hours']:,.2f} GPU-hours (a run much "
+        "smaller than the node's memory can end before its page cache is written out). Put `results` on a "
+        "faster disk" + (", or use extract.storage: fp8" if storage != "fp8" else "")
+    )
 
 
 def render(plan: dict) -> str:

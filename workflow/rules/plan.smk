@@ -7,6 +7,8 @@ rule plan:
         unpack(get_plan_rates),
         samples=rules.prepare.output.samples,
         shards=rules.shard.output.shards,
+        # the node's GPUs (slots of one count once), their memory and the disk's write rate
+        probe=rules.probe.output.json,
     output:
         json=f"{RESULTS}/plan.json",
         md=report(f"{RESULTS}/plan.md", caption="../report/plan.rst", category="Plan"),
