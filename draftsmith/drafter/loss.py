@@ -52,8 +52,8 @@ _fused_terms = None  # chunk_terms compiled, built at the first GPU step
 
 
 def terms_for(device: torch.device):
-    """chunk_terms eagerly, or compiled on a GPU with DRAFTSMITH_FUSED_LOSS=1. Opt-in until the user's sm_120
-    cards have compiled and timed it (docs/drafter.md). Never on the CPU, where Inductor would need a C++
+    """chunk_terms eagerly, or compiled on a GPU with DRAFTSMITH_FUSED_LOSS=1. Opt-in until an sm_120 card
+    has compiled and timed it (docs/drafter.md). Never on the CPU, where Inductor would need a C++
     compiler and the tests' chunks are small."""
     global _fused_terms
     if device.type != "cuda" or os.environ.get(FUSED_LOSS_ENV) != "1":
