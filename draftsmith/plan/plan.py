@@ -401,15 +401,14 @@ def disk_note(plan: dict, probe: dict, *, per_token: float, storage: str) -> Non
         stage = plan["stages"][name]
         streaming = stage["gpu_hours"] - stage.get("fixed_hours", 0.0)
         stage["gpu_hours"] += streaming * (need / rate - 1)
-        stage["source"] += f"; waits on the disk: {rate:.2f} GB/s in the probe, {need:.2f} GB/s to keep up"
+        stage["waits_on_disk"] = f"{rate:.2f} GB/s in the probe, {need:.2f} GB/s to keep up"
         added = streaming * (need / rate - 1)  # the last: all passes
     plan["notes"].append(
         f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['devices']} GPU(s) "
         f"extracting produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
         f"{1 - rate / need:.0%} of the time they stream states), and the plan prices that: {added:,.2f} of "
-        f"extraction's {plan['stages']['extract, all passes']['gpu_hours']:,.2f} GPU-hours (a run much "
-        "smaller than the node's memory can end before its page cache is written out). Put `results` on a "
-        "faster disk" + (", or use extract.storage: fp8" if storage != "fp8" else "")
+        f"extraction's {plan['stages']['extract, all passes']['gpu_hours']:,.2f} GPU-hours. Put `results` on "
+        "a faster disk" + (", or use extract.storage: fp8" if storage != "fp8" else "")
     )
 
 
@@ -467,7 +466,8 @@ def render(plan: dict) -> str:
                 f"GPU-hours: {stage}",
                 f"{s['gpu_hours']:,.2f}"
                 + (f" ({s['gpu_hours'] / s['gpus']:,.2f} h on {s['gpus']})" if s["gpus"] > 1 else ""),
-                f"{s['rate']:,.1f} {s['unit']} a GPU; {s['source']}",
+                f"{s['rate']:,.1f} {s['unit']} a GPU; {s['source']}"
+                + (f"; waits on the disk: {s['waits_on_disk']}" if "waits_on_disk" in s else ""),
             )
         )
     rows.append(

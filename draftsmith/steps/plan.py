@@ -12,7 +12,7 @@ from draftsmith.core.io import write_json, write_text
 from draftsmith.core.logs import setup_logging
 from draftsmith.plan.cli import bench_prompts
 from draftsmith.plan.data import read_shards
-from draftsmith.plan.plan import PlanError, make_plan, pin, render, unpin
+from draftsmith.plan.plan import PlanError, make_plan, pin, read_probe, render, unpin
 from draftsmith.plan.rounds import peak_tokens, round_tokens
 
 
@@ -30,12 +30,14 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     config = json.loads(args.config_json)
     shards = read_shards(config, args.shards, base_shards=len(args.shards))
+    # the probe's GPU over the parse's reading: a login node's parse finds none, a job runs after the probe
+    gpu_name = next((g["name"] for g in read_probe(config).get("gpus", [])), None) or args.gpu_name or None
     try:
         plan = make_plan(
             config,
             paths=args.paths,
             gpus=args.gpus,
-            gpu_name=args.gpu_name or None,
+            gpu_name=gpu_name,
             base_shards=len(args.shards),
             bench_prompts=bench_prompts(config),
             shards=shards,

@@ -419,7 +419,10 @@ def test_a_slow_disk_is_named_priced_and_fp8_offered_only_where_the_states_are_n
         streaming = before["gpu_hours"] - before["fixed_hours"]
         assert after["gpu_hours"] == pytest.approx(before["fixed_hours"] + streaming * slower)
         assert f"{streaming * (slower - 1):,.2f} of extraction's {after['gpu_hours']:,.2f}" in notes[0], notes
-        assert "waits on the disk" in after["source"] and "disk" not in before["source"]
+        assert "0.10 GB/s in the probe" in after["waits_on_disk"] and "waits_on_disk" not in before
+        epoch, epoch_before = plan["stages"]["extract per epoch"], fast["stages"]["extract per epoch"]
+        epoch_streaming = epoch_before["gpu_hours"] - epoch_before["fixed_hours"]
+        assert epoch["gpu_hours"] == pytest.approx(epoch_before["fixed_hours"] + epoch_streaming * slower)
 
 
 def test_the_plan_sizes_answers_by_the_cache_carried_to_a_fresh_machine(tmp_path):
