@@ -396,13 +396,11 @@ def disk_note(plan: dict, probe: dict, *, per_token: float, storage: str) -> Non
     plan["disk_write_gbs"] = rate
     if not 0 < rate < need:
         return
-    added = 0.0
-    for name in ("extract per epoch", "extract, all passes"):
+    for name in ("extract per epoch", "extract, all passes"):  # `added` ends as all passes' wait
         stage = plan["stages"][name]
-        streaming = stage["gpu_hours"] - stage.get("fixed_hours", 0.0)
-        stage["gpu_hours"] += streaming * (need / rate - 1)
+        added = (stage["gpu_hours"] - stage.get("fixed_hours", 0.0)) * (need / rate - 1)  # streaming's
+        stage["gpu_hours"] += added
         stage["waits_on_disk"] = f"{rate:.2f} GB/s in the probe, {need:.2f} GB/s to keep up"
-        added = streaming * (need / rate - 1)  # the last: all passes
     plan["notes"].append(
         f"warning: the results disk took {rate:.2f} GB/s in the probe, and {plan['devices']} GPU(s) "
         f"extracting produce about {need:.2f} GB/s: extraction will wait on the disk (GPUs idle about "
